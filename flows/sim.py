@@ -1,0 +1,125 @@
+"""Simulation runner: a block's cocotb tests on Icarus or Verilator (`moegen sim`, pytest).
+
+One build folder per block, configuration and simulator (and traced or not):
+``build/sim/<block>-<key>/<sim>[-waves]``. A Verilator model is compiled once per
+configuration; later runs reuse it while the Verilog is unchanged (a stamp holds its hash).
+"""
+
+import contextlib
+import fcntl
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from flows import toolchain
+from flows.verilog import config_key, generate
+
+__all__ = ["SIMULATORS", "SimResult", "run_tests", "SimFailure"]
+
+SIMULATORS = ("icarus", "verilator")
+TIMESCALE = ("1ns", "1ps")
+# Amaranth's Verilog trips Verilator's width and unused lint; none of it is a design error.
+VERILATOR_ARGS = ["-Wno-fatal", "-Wno-lint", "-Wno-style", "-Wno-MULTIDRIVEN", "-O3"]
+
+
+class SimFailure(AssertionError):
+    """Some cocotb tests failed (or none ran)."""
+
+
+@dataclass
+class SimResult:
+    """Outcome of one run of a block's cocotb tests."""
+    block: str
+    simulator: str
+    tests: int
+    failed: int
+    results_xml: Path
+    waves: Path | None
+    build_seconds: float
+    test_seconds: float
+
+
+@contextlib.contextmanager
+def _locked(folder):
+    # Two pytest-xdist workers may want the same build; one builds, the other waits.
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _find_waves(build_dir, simulator):
+    patterns = ("*.fst", "*.vcd") if simulator == "icarus" else ("*.vcd", "*.fst")
+    for pattern in patterns:
+        found = sorted(build_dir.rglob(pattern), key=lambda p: p.stat().st_mtime)
+        if found:
+            return found[-1]
+    return None
+
+
+def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234):
+    """Build ``block`` with ``config`` and run its cocotb tests on ``simulator``.
+
+    Parameters
+    ----------
+    block : hw.registry.Block
+    config : dataclass
+        The block's validated config.
+    simulator : str
+        ``"icarus"`` or ``"verilator"``.
+    waves : bool
+        Record a trace (its path is in the result).
+    testcase : list of str, optional
+        Run only these cocotb tests.
+    seed : int
+        cocotb ``RANDOM_SEED``: every random choice in the tests derives from it.
+
+    Returns
+    -------
+    SimResult
+
+    Raises
+    ------
+    SimFailure
+        When any test failed or none ran.
+    """
+    from cocotb_tools.runner import get_runner
+    from cocotb_tools.check_results import get_results
+
+    if simulator not in SIMULATORS:
+        raise ValueError(f"simulator {simulator!r}: unknown; allowed: {', '.join(SIMULATORS)}")
+    toolchain.activate()
+    root = toolchain.BUILD_ROOT / "sim" / f"{block.name}-{config_key(block, config)}"
+    build_dir = root / (simulator + ("-waves" if waves else ""))
+    runner = get_runner(simulator)
+    with _locked(root):
+        v_path, m_path, _ = generate(block, config, root / "rtl")
+        stamp = build_dir / ".moegen-stamp"
+        digest = hashlib.sha256(v_path.read_bytes()).hexdigest()
+        started = time.monotonic()
+        if not (stamp.exists() and stamp.read_text() == digest):
+            runner.build(sources=[v_path], hdl_toplevel=block.name, build_dir=build_dir,
+                         build_args=VERILATOR_ARGS if simulator == "verilator" else [],
+                         timescale=TIMESCALE, waves=waves, always=True)
+            stamp.write_text(digest)
+        built = time.monotonic()
+    test_dir = build_dir / "run" / (",".join(testcase) if testcase else "all")
+    test_dir.mkdir(parents=True, exist_ok=True)
+    results = runner.test(test_module=block.tb_module, hdl_toplevel_lang="verilog", hdl_toplevel=block.name,
+                          build_dir=build_dir, test_dir=test_dir,
+                          plusargs=[f"+moegen_manifest={m_path}"], timescale=TIMESCALE,
+                          waves=waves, seed=seed, testcase=testcase,
+                          results_xml=str(test_dir / "results.xml"))
+    done = time.monotonic()
+    tests, failed = get_results(Path(results))
+    result = SimResult(block.name, simulator, tests, failed, Path(results),
+                       _find_waves(test_dir, simulator) if waves else None,
+                       built - started, done - built)
+    if failed or not tests:
+        raise SimFailure(f"{block.name} on {simulator}: {failed} of {tests} cocotb tests failed "
+                         f"(see {results})")
+    return result

@@ -1,0 +1,110 @@
+"""Verilog export and the block manifest (`moegen verilog`)."""
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+from amaranth.back import verilog
+from amaranth.hdl import Shape
+from amaranth.lib import data, wiring
+
+__all__ = ["generate", "manifest", "config_key", "write_if_changed"]
+
+
+def config_key(block, config, extra=""):
+    """Short stable hash naming a configuration's build folders (cache key)."""
+    text = json.dumps([block.name, dataclasses.asdict(config), extra], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _fields(layout, offset=0, prefix=""):
+    """Bit range of every leaf field of a layout, first field at bit 0."""
+    out = []
+    if isinstance(layout, data.StructLayout):
+        for name, field in layout:
+            out.extend(_fields(field.shape, offset + field.offset, f"{prefix}{name}."))
+    elif isinstance(layout, data.ArrayLayout):
+        elem = data.Layout.cast(layout.elem_shape) if isinstance(layout.elem_shape, data.Layout) \
+            else None
+        width = layout.size // layout.length if layout.length else 0
+        for index in range(layout.length):
+            if elem is not None:
+                out.extend(_fields(elem, offset + index * width, f"{prefix}{index}."))
+            else:
+                out.append(_leaf(f"{prefix}{index}", layout.elem_shape, offset + index * width))
+    else:
+        out.append(_leaf(prefix.rstrip("."), layout, offset))
+    return out
+
+
+def _width(shape):
+    return Shape.cast(shape).width
+
+
+def _leaf(name, shape, offset):
+    shape = Shape.cast(shape)
+    return {"field": name, "lsb": offset, "msb": offset + shape.width - 1,
+            "signed": shape.signed}
+
+
+def manifest(block, config, component):
+    """The manifest of a generated block: parameters, ports, payload fields, golden figures."""
+    ports = [{"name": "clk", "direction": "in", "width": 1},
+             {"name": "rst", "direction": "in", "width": 1}]
+    for name, member in component.signature.members.items():
+        if member.is_port:
+            ports.append({"name": name, "direction": member.flow.value.lower(),
+                          "width": _width(member.shape)})
+            continue
+        members = member.signature.members
+        if set(members.keys()) != {"valid", "ready", "payload"}:
+            raise TypeError(f"port {name}: only plain ports and streams are described")
+        producer = member.flow == wiring.Out
+        layout = members["payload"].shape
+        ports += [
+            {"name": f"{name}__valid", "direction": "out" if producer else "in", "width": 1},
+            {"name": f"{name}__ready", "direction": "in" if producer else "out", "width": 1},
+            {"name": f"{name}__payload", "direction": "out" if producer else "in",
+             "width": _width(layout),
+             "fields": _fields(layout) if isinstance(layout, data.Layout) else []},
+        ]
+    return {
+        "block": block.name,
+        "family": block.family,
+        "params": dataclasses.asdict(config),
+        "top": block.name,
+        "clock": "clk (rising edge)",
+        "reset": "rst (synchronous, active high)",
+        "ports": ports,
+        "figures": block.figures(config),
+    }
+
+
+def write_if_changed(path, text):
+    """Write ``text`` unless the file already holds it (keeps mtimes, so caches stay valid)."""
+    path = Path(path)
+    if path.exists() and path.read_text() == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return True
+
+
+def generate(block, config, out_dir):
+    """Write ``out_dir/<block>.v`` (top module ``<block>``) and ``out_dir/<block>.json``.
+
+    Returns
+    -------
+    (Path, Path, dict)
+        The Verilog path, the manifest path and the manifest.
+    """
+    out_dir = Path(out_dir)
+    component = block.build(config)
+    text = verilog.convert(component, name=block.name, emit_src=False,
+                           strip_internal_attrs=True)
+    info = manifest(block, config, block.build(config))
+    v_path, j_path = out_dir / f"{block.name}.v", out_dir / f"{block.name}.json"
+    write_if_changed(v_path, text)
+    write_if_changed(j_path, json.dumps(info, indent=2) + "\n")
+    return v_path, j_path, info

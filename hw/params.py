@@ -1,0 +1,99 @@
+"""Validated, frozen block configurations.
+
+Every block's constructor takes one frozen dataclass built from :func:`int_param` and
+:func:`choice_param` fields. The dataclass checks itself in ``__post_init__`` (via
+:func:`validate`) and raises :class:`ParamError`, a :class:`ValueError` whose message is one line
+naming the parameter, the value given and what is allowed. The same field metadata drives
+``moegen list`` and the parsing of ``-p key=value`` on the command line, so a range is written
+exactly once.
+"""
+
+import dataclasses
+
+__all__ = ["ParamError", "int_param", "choice_param", "validate", "describe", "parse_params"]
+
+
+class ParamError(ValueError):
+    """A parameter value is not allowed. ``str(err)`` is the one-line message for the user."""
+
+
+def int_param(default, lo, hi, doc, *, check=None, check_doc=None):
+    """An integer parameter allowed in ``lo..hi`` (inclusive).
+
+    Parameters
+    ----------
+    default : int
+        Value used when the parameter is not given.
+    lo, hi : int
+        Inclusive bounds.
+    doc : str
+        One-line description shown by ``moegen list``.
+    check : callable, optional
+        Extra predicate ``check(value) -> bool`` (for example "power of two").
+    check_doc : str, optional
+        How the extra predicate reads in the allowed-range text.
+    """
+    allowed = f"an integer in {lo}..{hi}" + (f", {check_doc}" if check_doc else "")
+    return dataclasses.field(default=default, metadata={
+        "kind": "int", "lo": lo, "hi": hi, "doc": doc, "check": check, "allowed": allowed})
+
+
+def choice_param(default, choices, doc):
+    """A string parameter that must be one of ``choices``."""
+    allowed = "one of " + ", ".join(repr(c) for c in choices)
+    return dataclasses.field(default=default, metadata={
+        "kind": "choice", "choices": tuple(choices), "doc": doc, "allowed": allowed})
+
+
+def _check_field(field, value):
+    meta = field.metadata
+    if meta["kind"] == "int":
+        # bool is an int subclass; True for `rows` is a caller bug, not 1.
+        ok = (isinstance(value, int) and not isinstance(value, bool)
+              and meta["lo"] <= value <= meta["hi"]
+              and (meta["check"] is None or meta["check"](value)))
+    else:
+        ok = isinstance(value, str) and value in meta["choices"]
+    if not ok:
+        raise ParamError(f"parameter '{field.name}': got {value!r}; allowed: {meta['allowed']}")
+
+
+def validate(config):
+    """Check every field of a config dataclass against its metadata; raise :class:`ParamError`."""
+    for field in dataclasses.fields(config):
+        _check_field(field, getattr(config, field.name))
+
+
+def describe(config_cls):
+    """Rows of ``(name, default, allowed, doc)`` for every parameter of ``config_cls``."""
+    return [(f.name, f.default, f.metadata["allowed"], f.metadata["doc"])
+            for f in dataclasses.fields(config_cls)]
+
+
+def parse_params(config_cls, pairs):
+    """Build ``config_cls`` from ``["key=value", ...]`` strings as given on the command line.
+
+    Raises
+    ------
+    ParamError
+        For a malformed pair, an unknown key, a value of the wrong type or out of range.
+    """
+    fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    kwargs = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep:
+            raise ParamError(f"parameter {pair!r}: expected key=value")
+        if key not in fields:
+            raise ParamError(f"parameter '{key}': unknown; allowed: {', '.join(fields)}")
+        field = fields[key]
+        if field.metadata["kind"] == "int":
+            try:
+                value = int(text, 0)
+            except ValueError:
+                raise ParamError(f"parameter '{key}': got {text!r}; allowed: "
+                                 f"{field.metadata['allowed']}") from None
+        else:
+            value = text
+        kwargs[key] = value
+    return config_cls(**kwargs)

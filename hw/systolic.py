@@ -1,0 +1,412 @@
+"""Systolic-array generators: output-stationary and weight-stationary arrays, and tiles.
+
+Sources: SambaNova SN40L's PCU (an output-stationary systolic array fed left-to-right and
+top-to-bottom, results drained to output FIFOs) and Mozart's tiles of systolic arrays whose local
+adder tree sums partial results. The stream contracts are in the README ("Systolic contracts").
+
+All three blocks share one structure: a free-running skewed PE grid whose every register moves on
+one enable, ``advance``. ``advance`` is the output FIFO's ``w_rdy``: when the consumer stalls long
+enough to fill the FIFO the whole pipeline (and so the input) freezes, and nothing in flight is
+lost. With the consumer always ready the FIFO never fills, so the pipeline never stalls.
+"""
+
+import dataclasses
+import operator
+from functools import reduce
+
+from amaranth.hdl import Cat, Module, Mux, Signal, signed
+from amaranth.lib import stream, wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.wiring import In, Out
+
+from golden import systolic as golden
+from hw.params import choice_param, int_param, validate
+from hw.pipeline import StallPipe, lanes_layout
+from hw.registry import Block, register
+
+__all__ = ["SystolicConfig", "SystolicTileConfig", "OutputStationaryArray",
+           "WeightStationaryArray", "SystolicTile"]
+
+# Depth of the output FIFO. Two entries suffice for full throughput: the array writes at most
+# one row per cycle and a ready consumer reads one per cycle, so the level never exceeds one.
+OUT_FIFO_DEPTH = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class SystolicConfig:
+    """Parameters of one systolic array (block ``systolic``).
+
+    Parameters
+    ----------
+    rows : int
+        R, rows of PEs (1..64): the rows of A in OS, the rows of W in WS.
+    cols : int
+        C, columns of PEs (1..64).
+    dataflow : str
+        ``"os"`` (output-stationary) or ``"ws"`` (weight-stationary).
+    in_width : int
+        Width of the signed input lanes (2..16).
+    acc_width : int
+        Width of the signed accumulators and output lanes (2..64); sums wrap in two's complement.
+
+    Raises
+    ------
+    hw.params.ParamError
+        A parameter is out of range; the message names it, the value and the allowed range.
+    """
+    rows: int = int_param(4, 1, 64, "PE rows R")
+    cols: int = int_param(4, 1, 64, "PE columns C")
+    dataflow: str = choice_param("os", ("os", "ws"), "output- or weight-stationary")
+    in_width: int = int_param(8, 2, 16, "signed input lane width")
+    acc_width: int = int_param(32, 2, 64, "signed accumulator width (wraps)")
+
+    def __post_init__(self):
+        validate(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class SystolicTileConfig:
+    """Parameters of a tile of output-stationary arrays with an adder tree (``systolic_tile``).
+
+    Parameters
+    ----------
+    rows, cols, in_width, acc_width
+        As in :class:`SystolicConfig`, for every array of the tile.
+    arrays : int
+        n, the number of arrays (1..16); each takes one K-slice per beat.
+    """
+    rows: int = int_param(4, 1, 64, "PE rows R of each array")
+    cols: int = int_param(4, 1, 64, "PE columns C of each array")
+    arrays: int = int_param(4, 1, 16, "arrays n, each fed one K-slice")
+    in_width: int = int_param(8, 2, 16, "signed input lane width")
+    acc_width: int = int_param(32, 2, 64, "signed accumulator width (wraps)")
+
+    def __post_init__(self):
+        validate(self)
+
+
+def _output_fifo(m, layout):
+    fifo = m.submodules.out_fifo = SyncFIFO(width=layout.size, depth=OUT_FIFO_DEPTH)
+    return fifo
+
+
+def _drive_output(m, fifo, c, row_valid, row_last, row_data, advance):
+    """Write an aligned row into the output FIFO and present the FIFO head on stream ``c``."""
+    row = Signal(c.payload.shape())
+    m.d.comb += [row.last.eq(row_last), fifo.w_en.eq(row_valid & advance),
+                 fifo.w_data.eq(row.as_value()),
+                 c.valid.eq(fifo.r_rdy), c.payload.eq(fifo.r_data), fifo.r_en.eq(c.ready)]
+    m.d.comb += [row.data[j].eq(value) for j, value in enumerate(row_data)]
+
+
+def _os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, last, prefix):
+    """Build an output-stationary PE grid; return (row_valid, row_last, row_values).
+
+    Beat k enters row i of A delayed by i stages and column j of B delayed by j stages, so PE
+    (i, j) sees pair k ``i + j`` cycles after the beat was taken. On the pair flagged ``last`` a PE
+    raises ``done`` with its final sum; every column ORs its (one-hot in time) done sums, and a
+    deskew of ``cols-1-j`` stages on column j aligns row i's C sums into one output row.
+    """
+    flags = Cat(valid, first, last)
+    b_down = [pipe.delay(b_lanes[j], j, f"{prefix}bskew{j}") for j in range(cols)]
+    acc = [[None] * cols for _ in range(rows)]
+    done = [[None] * cols for _ in range(rows)]
+    for i in range(rows):
+        a_in = pipe.delay(a_lanes[i], i, f"{prefix}askew{i}")
+        flags_in = pipe.delay(flags, i, f"{prefix}fskew{i}")
+        for j in range(cols):
+            b_in = b_down[j]
+            pe_valid, pe_first, pe_last = flags_in[0], flags_in[1], flags_in[2]
+            acc[i][j] = Signal(signed(acc_width), name=f"{prefix}acc_{i}_{j}")
+            done[i][j] = Signal(name=f"{prefix}done_{i}_{j}")
+            # Truncation on assignment is the documented wrap-around.
+            update = Mux(pe_first, 0, acc[i][j]) + a_in * b_in
+            with m.If(pipe.enable & pe_valid):
+                m.d.sync += acc[i][j].eq(update)
+            pipe.add(done[i][j].eq(pe_valid & pe_last))
+            if j + 1 < cols:
+                a_in = pipe.reg(a_in, f"{prefix}a_{i}_{j}")
+                flags_in = pipe.reg(flags_in, f"{prefix}f_{i}_{j}")
+            if i + 1 < rows:
+                b_down[j] = pipe.reg(b_in, f"{prefix}b_{i}_{j}")
+    row_values = []
+    for j in range(cols):
+        column = reduce(operator.or_, [Mux(done[i][j], acc[i][j], 0) for i in range(rows)])
+        column = pipe.reg(column, f"{prefix}col{j}")
+        row_values.append(pipe.delay(column, cols - 1 - j, f"{prefix}deskew{j}"))
+    row_valid = pipe.reg(reduce(operator.or_, [done[i][cols - 1] for i in range(rows)]),
+                         f"{prefix}row_valid")
+    row_last = pipe.reg(done[rows - 1][cols - 1], f"{prefix}row_last")
+    return row_valid, row_last, row_values
+
+
+class _OSJoin:
+    """Pairs the k-th beat of ``a`` with the k-th beat of ``b`` and enforces tile spacing.
+
+    A tile's results leave column j on R consecutive cycles; two tiles whose ``last`` beats are
+    fewer than R cycles apart would collide there, so a ``last`` beat waits until R advancing
+    cycles have passed since the previous one. Tiles with K >= R never wait.
+    """
+
+    def __init__(self, m, pipe, a, b, error, rows):
+        since_last = Signal(range(rows + 1), init=rows)
+        spacing_ok = since_last >= rows
+        self.take = Signal()
+        self.first = Signal(init=1)
+        self.last = a.payload.last
+        m.d.comb += [self.take.eq(pipe.enable & a.valid & b.valid & (~a.payload.last | spacing_ok)),
+                     a.ready.eq(self.take), b.ready.eq(self.take)]
+        with m.If(self.take):
+            m.d.sync += self.first.eq(a.payload.last)
+            # Protocol misuse: the tile boundary follows `a.last`; a disagreeing `b.last` is
+            # reported on the sticky `error` output (cleared only by reset).
+            with m.If(a.payload.last != b.payload.last):
+                m.d.sync += error.eq(1)
+        with m.If(pipe.enable):
+            with m.If(self.take & a.payload.last):
+                m.d.sync += since_last.eq(1)
+            with m.Elif(~spacing_ok):
+                m.d.sync += since_last.eq(since_last + 1)
+
+
+class OutputStationaryArray(wiring.Component):
+    """Output-stationary R x C systolic array (block ``systolic``, ``dataflow="os"``).
+
+    Computes C = A·B per tile: beat k of ``a`` is column k of A (R lanes), beat k of ``b`` is row
+    k of B (C lanes), ``last`` marks beat K-1. After the tile ``c`` emits R beats, beat i being row
+    i of A·B (C lanes of ``acc_width``, wrapping), ``last`` on beat R-1. Tiles with K >= R stream
+    back to back with no bubble; first output ``K + C + 1`` cycles after the first input transfer.
+
+    Members
+    -------
+    a : In(stream.Signature(lanes_layout(rows, in_width)))
+    b : In(stream.Signature(lanes_layout(cols, in_width)))
+    c : Out(stream.Signature(lanes_layout(cols, acc_width)))
+    error : Out(1)
+        Sticky: set when a paired beat has ``a.last != b.last`` (the tile follows ``a.last``).
+    """
+
+    def __init__(self, config):
+        if config.dataflow != "os":
+            raise ValueError(f"OutputStationaryArray needs dataflow='os', got {config.dataflow!r}")
+        self._config = config
+        super().__init__({
+            "a": In(stream.Signature(lanes_layout(config.rows, config.in_width))),
+            "b": In(stream.Signature(lanes_layout(config.cols, config.in_width))),
+            "c": Out(stream.Signature(lanes_layout(config.cols, config.acc_width))),
+            "error": Out(1),
+        })
+
+    @property
+    def config(self):
+        return self._config
+
+    def elaborate(self, platform):
+        cfg = self._config
+        m = Module()
+        fifo = _output_fifo(m, self.c.payload.shape())
+        pipe = StallPipe(fifo.w_rdy)
+        join = _OSJoin(m, pipe, self.a, self.b, self.error, cfg.rows)
+        row_valid, row_last, row_values = _os_grid(
+            m, pipe, cfg.rows, cfg.cols, cfg.acc_width,
+            [self.a.payload.data[i] for i in range(cfg.rows)],
+            [self.b.payload.data[j] for j in range(cfg.cols)],
+            join.take, join.first, join.last, prefix="")
+        _drive_output(m, fifo, self.c, row_valid, row_last, row_values, pipe.enable)
+        pipe.emit(m)
+        return m
+
+
+class SystolicTile(wiring.Component):
+    """n output-stationary arrays in lockstep whose rows a pipelined adder tree sums.
+
+    Computes C = sum over s of A_s·B_s (the K dimension split into n slices): beat k of ``a``
+    carries n·R lanes, lanes ``[s*R, (s+1)*R)`` being column k of A_s; beat k of ``b`` carries
+    n·C lanes, lanes ``[s*C, (s+1)*C)`` being row k of B_s. Framing, ``last``, spacing, ``error``
+    and throughput are those of :class:`OutputStationaryArray`; the tree adds ``ceil(log2 n)``
+    cycles of latency (first output ``K + C + 1 + ceil(log2 n)`` cycles after the first input).
+    """
+
+    def __init__(self, config):
+        self._config = config
+        n = config.arrays
+        super().__init__({
+            "a": In(stream.Signature(lanes_layout(n * config.rows, config.in_width))),
+            "b": In(stream.Signature(lanes_layout(n * config.cols, config.in_width))),
+            "c": Out(stream.Signature(lanes_layout(config.cols, config.acc_width))),
+            "error": Out(1),
+        })
+
+    @property
+    def config(self):
+        return self._config
+
+    def elaborate(self, platform):
+        cfg = self._config
+        R, C, n = cfg.rows, cfg.cols, cfg.arrays
+        m = Module()
+        fifo = _output_fifo(m, self.c.payload.shape())
+        pipe = StallPipe(fifo.w_rdy)
+        join = _OSJoin(m, pipe, self.a, self.b, self.error, R)
+        partial_rows = []
+        for s in range(n):
+            row_valid, row_last, row_values = _os_grid(
+                m, pipe, R, C, cfg.acc_width,
+                [self.a.payload.data[s * R + i] for i in range(R)],
+                [self.b.payload.data[s * C + j] for j in range(C)],
+                join.take, join.first, join.last, prefix=f"sa{s}_")
+            if s == 0:
+                flags = Cat(row_valid, row_last)
+            partial_rows.append(row_values)
+        # Pipelined adder tree: one register level per halving; an odd element passes through.
+        level = 0
+        while len(partial_rows) > 1:
+            summed = []
+            for p in range(0, len(partial_rows) - 1, 2):
+                summed.append([
+                    pipe.reg((x + y)[:cfg.acc_width].as_signed(), f"tree{level}_{p}_{j}")
+                    for j, (x, y) in enumerate(zip(partial_rows[p], partial_rows[p + 1]))])
+            if len(partial_rows) % 2:
+                summed.append([pipe.reg(x, f"tree{level}_pass_{j}")
+                               for j, x in enumerate(partial_rows[-1])])
+            partial_rows = summed
+            flags = pipe.reg(flags, f"tree{level}_flags")
+            level += 1
+        _drive_output(m, fifo, self.c, flags[0], flags[1], partial_rows[0], pipe.enable)
+        pipe.emit(m)
+        return m
+
+
+class WeightStationaryArray(wiring.Component):
+    """Weight-stationary R x C systolic array (block ``systolic``, ``dataflow="ws"``).
+
+    Computes Y = X·W per block. Weights arrive on ``w``: R beats, beat r being row r of W (C
+    lanes), ``last`` on beat R-1. Activations arrive on ``a``: each beat is one row x of X (R
+    lanes); ``c`` emits one beat per ``a`` beat, the row x·W (C lanes of ``acc_width``, wrapping),
+    with the same ``last``. An ``a`` beat with ``last`` ends the use of the current weights.
+
+    Every PE holds two weight banks. Blocks of ``w`` fill them alternately; an ``a`` block uses the
+    oldest filled bank and frees it when its ``last`` beat is taken, so the next block's weights
+    load while the current block streams. A weight block is usable from the cycle after its last
+    beat is taken. With ``w`` and ``a`` offered every cycle and every activation block at least R
+    beats long, activation beats stream with no bubble after the first weight block has loaded;
+    each output leaves ``R + C`` cycles after its activation beat was taken.
+
+    Members
+    -------
+    w : In(stream.Signature(lanes_layout(cols, in_width)))
+    a : In(stream.Signature(lanes_layout(rows, in_width)))
+    c : Out(stream.Signature(lanes_layout(cols, acc_width)))
+    error : Out(1)
+        Sticky: set when ``w.last`` is not exactly on every R-th weight beat (blocks are framed
+        by counting R beats).
+    """
+
+    def __init__(self, config):
+        if config.dataflow != "ws":
+            raise ValueError(f"WeightStationaryArray needs dataflow='ws', got {config.dataflow!r}")
+        self._config = config
+        super().__init__({
+            "w": In(stream.Signature(lanes_layout(config.cols, config.in_width))),
+            "a": In(stream.Signature(lanes_layout(config.rows, config.in_width))),
+            "c": Out(stream.Signature(lanes_layout(config.cols, config.acc_width))),
+            "error": Out(1),
+        })
+
+    @property
+    def config(self):
+        return self._config
+
+    def elaborate(self, platform):
+        cfg = self._config
+        R, C = cfg.rows, cfg.cols
+        m = Module()
+        fifo = _output_fifo(m, self.c.payload.shape())
+        pipe = StallPipe(fifo.w_rdy)
+
+        # Bank bookkeeping: `load_bank` is filled by `w`, `use_bank` is read by `a`.
+        bank_full = Signal(2)
+        load_bank = Signal()
+        use_bank = Signal()
+        load_row = Signal(range(R))
+        w_take = Signal()
+        a_take = Signal()
+        m.d.comb += [
+            self.w.ready.eq(pipe.enable & ~bank_full.bit_select(load_bank, 1)),
+            self.a.ready.eq(pipe.enable & bank_full.bit_select(use_bank, 1)),
+            w_take.eq(self.w.valid & self.w.ready),
+            a_take.eq(self.a.valid & self.a.ready),
+        ]
+        row_done = load_row == R - 1
+        with m.If(w_take):
+            m.d.sync += load_row.eq(Mux(row_done, 0, load_row + 1))
+            with m.If(self.w.payload.last != row_done):
+                m.d.sync += self.error.eq(1)
+            with m.If(row_done):
+                m.d.sync += [bank_full.bit_select(load_bank, 1).eq(1), load_bank.eq(~load_bank)]
+        with m.If(a_take & self.a.payload.last):
+            m.d.sync += [bank_full.bit_select(use_bank, 1).eq(0), use_bank.eq(~use_bank)]
+
+        # Weight row r reaches column j j cycles after it was taken (skewed like the
+        # activations), so a bank is rewritten behind the wavefront of its last user.
+        w_tag = Cat(w_take, load_row, load_bank)
+        w_lane = [pipe.delay(self.w.payload.data[j], j, f"wskew{j}") for j in range(C)]
+        w_tags = [w_tag]
+        for j in range(1, C):
+            w_tags.append(pipe.reg(w_tags[-1], f"wtag{j}"))
+        row_bits = len(load_row)
+
+        flags = Cat(a_take, self.a.payload.last, use_bank)
+        psum_down = [None] * C
+        out_flags = None
+        for i in range(R):
+            a_in = pipe.delay(self.a.payload.data[i], i, f"askew{i}")
+            flags_in = pipe.delay(flags, i, f"fskew{i}")
+            for j in range(C):
+                tag_valid = w_tags[j][0]
+                tag_row = w_tags[j][1:1 + row_bits]
+                tag_bank = w_tags[j][1 + row_bits]
+                weight = [Signal(signed(cfg.in_width), name=f"w{bank}_{i}_{j}") for bank in (0, 1)]
+                with m.If(pipe.enable & tag_valid & (tag_row == i)):
+                    with m.If(tag_bank):
+                        m.d.sync += weight[1].eq(w_lane[j])
+                    with m.Else():
+                        m.d.sync += weight[0].eq(w_lane[j])
+                product = a_in * Mux(flags_in[2], weight[1], weight[0])
+                psum_in = psum_down[j] if i else 0
+                psum_down[j] = pipe.reg((psum_in + product)[:cfg.acc_width].as_signed(),
+                                        f"psum_{i}_{j}")
+                flags_next = pipe.reg(flags_in, f"f_{i}_{j}")
+                if j + 1 < C:
+                    a_in = pipe.reg(a_in, f"a_{i}_{j}")
+                    flags_in = flags_next
+                elif i == R - 1:
+                    out_flags = flags_next
+        row_values = [pipe.delay(psum_down[j], C - 1 - j, f"deskew{j}") for j in range(C)]
+        _drive_output(m, fifo, self.c, out_flags[0], out_flags[1], row_values, pipe.enable)
+        pipe.emit(m)
+        return m
+
+
+def build_systolic(config):
+    """The component for a :class:`SystolicConfig` (OS or WS by ``dataflow``)."""
+    if config.dataflow == "os":
+        return OutputStationaryArray(config)
+    return WeightStationaryArray(config)
+
+
+register(Block(
+    name="systolic", family="systolic", config=SystolicConfig, build=build_systolic,
+    figures=lambda cfg: golden.figures("systolic", **dataclasses.asdict(cfg)),
+    summary="one R x C systolic array, output- or weight-stationary (SN40L PCU)",
+    demo_configs=({"rows": 4, "cols": 4, "dataflow": "os"},
+                  {"rows": 3, "cols": 5, "dataflow": "os"},
+                  {"rows": 4, "cols": 4, "dataflow": "ws"}),
+))
+
+register(Block(
+    name="systolic_tile", family="systolic", config=SystolicTileConfig, build=SystolicTile,
+    figures=lambda cfg: golden.figures("systolic_tile", **dataclasses.asdict(cfg)),
+    summary="n OS arrays on K-slices summed by a pipelined adder tree (Mozart tile)",
+    demo_configs=({"rows": 4, "cols": 4, "arrays": 4},),
+))

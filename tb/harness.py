@@ -1,0 +1,33 @@
+"""Glue between the pytest runner and cocotb test modules: which block and config is simulated.
+
+The runner writes the block's manifest (``moegen verilog`` output) next to the Verilog and hands
+its path to the simulator as the plusarg ``+moegen_manifest=PATH``. A test module calls
+:func:`load_dut_config` to get the config and an (unelaborated) component whose stream members
+give the payload layouts, so the test bench packs bits with the design's own layouts.
+"""
+
+import json
+import random
+
+import cocotb
+
+from hw.registry import get_block
+
+__all__ = ["load_dut_config", "make_rng"]
+
+
+def load_dut_config():
+    """Return ``(block, config, component)`` for the design under test."""
+    path = cocotb.plusargs.get("moegen_manifest")
+    if not path:
+        raise RuntimeError("missing plusarg +moegen_manifest=PATH (run through flows.sim)")
+    with open(path) as f:
+        manifest = json.load(f)
+    block = get_block(manifest["block"])
+    config = block.config(**manifest["params"])
+    return block, config, block.build(config)
+
+
+def make_rng(salt):
+    """A generator seeded from cocotb's RANDOM_SEED and a per-test salt (reproducible)."""
+    return random.Random(f"{cocotb.RANDOM_SEED}:{salt}")

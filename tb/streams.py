@@ -1,0 +1,206 @@
+"""Reusable cocotb stream source, sink and scoreboard for Amaranth ``lib.stream`` ports.
+
+The generated Verilog flattens a stream port ``x`` into ``x__valid``, ``x__ready`` and
+``x__payload``. Payloads are packed and unpacked with the block's own Amaranth layout
+(``layout.const(...).as_bits()`` / ``layout.from_bits(...)``), so bit packing is defined once.
+
+Handshakes are sampled right after :class:`~cocotb.triggers.RisingEdge`, i.e. the values the flops
+saw at that edge (not after ``ReadOnly``, which would show post-edge values and miscount
+transfers). Every transfer is stamped with its edge number (simulated time / clock period).
+"""
+
+import collections
+
+import cocotb
+from cocotb.clock import Clock
+from cocotb.triggers import ClockCycles, RisingEdge
+from cocotb.utils import get_sim_time
+
+__all__ = ["CLOCK_PERIOD_NS", "start_clock", "reset_dut", "edge_now", "StreamSource",
+           "StreamSink", "InOrderScoreboard", "wait_for"]
+
+CLOCK_PERIOD_NS = 10
+
+
+def start_clock(dut):
+    """Start the 10 ns clock on ``dut.clk``."""
+    cocotb.start_soon(Clock(dut.clk, CLOCK_PERIOD_NS, unit="ns").start())
+
+
+def edge_now():
+    """Index of the rising edge at the current simulation time."""
+    return int(get_sim_time(unit="ns")) // CLOCK_PERIOD_NS
+
+
+async def reset_dut(dut, cycles=2):
+    """Hold the synchronous active-high reset ``rst`` for ``cycles`` edges."""
+    dut.rst.value = 1
+    await ClockCycles(dut.clk, cycles)
+    dut.rst.value = 0
+
+
+def _read_bits(handle):
+    # to_unsigned() raises on X/Z: an undriven payload must fail loudly, never read as 0.
+    return handle.value.to_unsigned()
+
+
+class StreamSource:
+    """Drives a stream port from a queue of payloads, with seeded random valid gaps.
+
+    Parameters
+    ----------
+    dut : cocotb handle
+        The top level.
+    name : str
+        Port name (``a`` for ``a__valid``/``a__ready``/``a__payload``).
+    layout : amaranth.lib.data.Layout
+        The port's payload layout.
+    rng : random.Random
+        Seeded generator for the gaps.
+    gap_probability : float
+        Chance, on each cycle a new beat could start, that ``valid`` stays low instead.
+
+    Members
+    -------
+    sent_edges : list of int
+        Edge of every transfer, in order.
+    """
+
+    def __init__(self, dut, name, layout, rng, gap_probability=0.0):
+        self._clk = dut.clk
+        self._valid = getattr(dut, f"{name}__valid")
+        self._ready = getattr(dut, f"{name}__ready")
+        self._payload = getattr(dut, f"{name}__payload")
+        self._layout = layout
+        self._rng = rng
+        self.gap_probability = gap_probability
+        self._queue = collections.deque()
+        self.sent_edges = []
+        self._task = None
+        # What we drive, kept here: a write to a handle is applied later in the time step, so
+        # reading it back would show the old value.
+        self._driving = False
+        self._valid.value = 0
+        self._payload.value = 0
+
+    def send(self, payload):
+        """Queue one beat; ``payload`` is a dict for the layout (e.g. ``{"data": [...], "last": 1}``)."""
+        self._queue.append(self._layout.const(payload).as_bits())
+
+    @property
+    def idle(self):
+        """Nothing queued and nothing on the port."""
+        return not self._queue and not self._driving
+
+    def start(self):
+        self._task = cocotb.start_soon(self._run())
+
+    def stop(self):
+        """Stop driving and drop what is queued (used around a reset)."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self._queue.clear()
+        self._driving = False
+        self._valid.value = 0
+
+    async def _run(self):
+        while True:
+            await RisingEdge(self._clk)
+            if self._driving and self._ready.value:
+                self.sent_edges.append(edge_now())
+                self._queue.popleft()
+                self._driving = False
+            if self._driving:
+                continue  # valid stays high with a stable payload until the transfer
+            if self._queue and self._rng.random() >= self.gap_probability:
+                self._payload.value = self._queue[0]
+                self._driving = True
+            self._valid.value = int(self._driving)
+
+
+class StreamSink:
+    """Accepts a stream port with seeded random ``ready`` stalls and records every transfer.
+
+    Parameters
+    ----------
+    dut, name, layout, rng
+        As for :class:`StreamSource`.
+    stall_probability : float
+        Chance that ``ready`` is low on a cycle.
+
+    Members
+    -------
+    received : list of (int, amaranth.lib.data.Const)
+        ``(edge, payload)`` of every transfer, in order.
+    """
+
+    def __init__(self, dut, name, layout, rng, stall_probability=0.0):
+        self._clk = dut.clk
+        self._valid = getattr(dut, f"{name}__valid")
+        self._ready = getattr(dut, f"{name}__ready")
+        self._payload = getattr(dut, f"{name}__payload")
+        self._layout = layout
+        self._rng = rng
+        self.stall_probability = stall_probability
+        self.received = []
+        self._task = None
+        self._accepting = False
+        self._ready.value = 0
+
+    def start(self):
+        self._task = cocotb.start_soon(self._run())
+
+    def stop(self):
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self._accepting = False
+        self._ready.value = 0
+
+    def _choose_ready(self):
+        self._accepting = self._rng.random() >= self.stall_probability
+        self._ready.value = int(self._accepting)
+
+    async def _run(self):
+        self._choose_ready()
+        while True:
+            await RisingEdge(self._clk)
+            if self._accepting and self._valid.value:
+                self.received.append((edge_now(), self._layout.from_bits(_read_bits(self._payload))))
+            self._choose_ready()
+
+
+class InOrderScoreboard:
+    """Compares received beats, in order, against expected ones; reports the first mismatch.
+
+    Parameters
+    ----------
+    name : str
+        Used in failure messages.
+    """
+
+    def __init__(self, name):
+        self.name = name
+        self.expected = []
+
+    def expect(self, data, last):
+        """Append one expected beat: a sequence of lane values and the ``last`` flag."""
+        self.expected.append(([int(x) for x in data], int(last)))
+
+    def check(self, received):
+        """Assert ``received`` (from :class:`StreamSink`) equals the expected beats exactly."""
+        got = [([int(x) for x in beat.data], int(beat.last)) for _, beat in received]
+        assert len(got) == len(self.expected), (
+            f"{self.name}: received {len(got)} beats, expected {len(self.expected)}")
+        for index, (have, want) in enumerate(zip(got, self.expected)):
+            assert have == want, f"{self.name}: beat {index}: got {have}, expected {want}"
+
+
+async def wait_for(dut, condition, max_cycles, what):
+    """Wait until ``condition()`` holds, failing with ``what`` after ``max_cycles`` (deadlock)."""
+    for _ in range(max_cycles):
+        if condition():
+            return
+        await RisingEdge(dut.clk)
+    assert condition(), f"deadlock or lost data: {what} not reached within {max_cycles} cycles"
