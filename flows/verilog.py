@@ -103,7 +103,7 @@ def generate(block, config, out_dir):
     component = block.build(config)
     text = verilog.convert(component, name=block.name, emit_src=False,
                            strip_internal_attrs=True)
-    info = manifest(block, config, block.build(config))
+    info = manifest(block, config, component)
     v_path, j_path = out_dir / f"{block.name}.v", out_dir / f"{block.name}.json"
     write_if_changed(v_path, text)
     write_if_changed(j_path, json.dumps(info, indent=2) + "\n")

@@ -162,6 +162,7 @@ def figures(block, **params):
         The block's parameters (as in its config).
     """
     rows, cols = params["rows"], params["cols"]
+    accumulator = {"width": params["acc_width"], "overflow": "wrap (two's complement)"}
     if block == "systolic" and params["dataflow"] == "ws":
         return {
             "dataflow": "ws",
@@ -171,6 +172,7 @@ def figures(block, **params):
                             "M >= R beats",
             "first_weight_block_load_cycles": rows,
             "peak_macs_per_cycle": rows * cols,
+            "accumulator": accumulator,
         }
     model = OSCycleModel(rows, cols, params.get("arrays", 1))
     return {
@@ -181,4 +183,5 @@ def figures(block, **params):
         "output_beats_per_tile": rows,
         "adder_tree_stages": model.tree_depth,
         "peak_macs_per_cycle": rows * cols * params.get("arrays", 1),
+        "accumulator": accumulator,
     }

@@ -6,6 +6,9 @@ below hide the difference between the output-stationary blocks (ports a, b -> c)
 weight-stationary array (ports w, a -> c).
 """
 
+import json
+import time
+
 import cocotb
 from cocotb.triggers import ClockCycles, RisingEdge
 
@@ -258,3 +261,46 @@ async def test_protocol_misuse_sets_error(dut):
     assert dut.error.value == 1, "error is not sticky"
     await reset_dut(dut)
     assert dut.error.value == 0, "reset does not clear error"
+
+
+@cocotb.test()
+async def test_throughput(dut):
+    """Saturated streams: cycles against the ideal, asserted against the golden schedule.
+
+    Writes ``throughput.json`` (cycles, ideal cycles, utilization, simulated cycles per wall
+    second) in the run folder for ``make bench``.
+    """
+    bench = await _setup(dut, "throughput")
+    cfg = bench.cfg
+    jobs = 32
+    if isinstance(bench, OSBench):
+        depths = [cfg.rows] * jobs
+        for depth in depths:
+            bench.send_tile(*bench.random_tile(depth))
+        macs_per_pe = sum(depths)
+        _, want_out = bench.model().schedule(depths)
+        first_port = "a"
+    else:
+        lengths = [max(cfg.rows, 8)] * jobs
+        for length in lengths:
+            bench.send_block(*bench.random_block(length))
+        macs_per_pe = sum(lengths)
+        w_edges, a_edges, want_out = golden.WSCycleModel(cfg.rows, cfg.cols).schedule(lengths)
+        want_out = [e - a_edges[0] for e in want_out]
+        first_port = "a"
+    started = time.perf_counter()
+    bench.start()
+    await bench.finish(_budget(macs_per_pe + jobs * cfg.rows))
+    wall = time.perf_counter() - started
+    first_in = bench.sources[first_port].sent_edges[0]
+    out_edges = [e - first_in for e, _ in bench.sink.received]
+    assert out_edges == want_out
+    # Every PE does one MAC per beat, so the ideal is one cycle per beat.
+    cycles = out_edges[-1] + 1
+    sim_cycles = cycles + 3 * (cfg.rows + cfg.cols) + 10
+    report = {"jobs": jobs, "cycles": cycles, "ideal_cycles": macs_per_pe,
+              "macs": macs_per_pe * cfg.rows * cfg.cols * getattr(cfg, "arrays", 1),
+              "utilization": macs_per_pe / cycles,
+              "sim_cycles_per_second": sim_cycles / wall}
+    with open("throughput.json", "w") as f:
+        json.dump(report, f, indent=2)

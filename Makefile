@@ -1,0 +1,29 @@
+# moegen: `make demo` runs the main job, `make test` the test suite. Both set everything up.
+VENV := .venv
+BIN := $(VENV)/bin
+JOBS ?= 2
+
+.PHONY: setup demo test bench sweep doctor clean
+
+setup:
+	@bash flows/setup.sh
+
+demo: setup
+	$(BIN)/moegen demo
+
+# Both simulators, every registered block; Verilator builds are cached under build/sim.
+test: setup
+	$(BIN)/python -m pytest -n $(JOBS) -m "not sweep" tests
+
+# Long sweeps over larger and odder sizes (not part of `make test`).
+sweep: setup
+	$(BIN)/python -m pytest -n $(JOBS) -m sweep tests
+
+bench: setup
+	$(BIN)/moegen bench
+
+doctor: setup
+	$(BIN)/moegen doctor
+
+clean:
+	rm -rf build out

@@ -1,0 +1,158 @@
+"""The ``moegen`` command: list, verilog, sim, synth, doctor, bench, demo.
+
+Every subcommand is a thin layer over the Python API in ``flows``. Bad input (unknown block,
+parameter, simulator or target; a value of the wrong type or out of range) prints one line,
+``moegen: error: ...``, naming the parameter, the value and what is allowed, and exits with
+status 2, without a traceback.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hw.params import ParamError, describe, parse_params
+from hw.registry import UnknownBlock, all_blocks, get_block
+
+__all__ = ["main"]
+
+EXIT_USAGE = 2
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints the usage block and then the error; users asked for one line.
+    def error(self, message):
+        raise _UsageError(message)
+
+
+def _block_and_config(args):
+    block = get_block(args.block)
+    return block, parse_params(block.config, args.param or [])
+
+
+def _table(headers, rows):
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
+              for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def cmd_list(args):
+    for block in all_blocks():
+        print(f"{block.name} — {block.summary}")
+        print(_table(["parameter", "default", "allowed", "meaning"],
+                     [(n, d, a, doc) for n, d, a, doc in describe(block.config)]))
+        print()
+    return 0
+
+
+def cmd_verilog(args):
+    from flows.verilog import generate
+    block, config = _block_and_config(args)
+    v_path, j_path, _ = generate(block, config, Path(args.output))
+    print(f"wrote {v_path} (top module {block.name})")
+    print(f"wrote {j_path}")
+    return 0
+
+
+def cmd_sim(args):
+    from flows.sim import SimFailure, run_tests
+    block, config = _block_and_config(args)
+    try:
+        result = run_tests(block, config, args.sim, waves=args.waves,
+                           testcase=args.test or None, seed=args.seed)
+    except SimFailure as failure:
+        print(f"moegen: FAILED: {failure}", file=sys.stderr)
+        return 1
+    print(f"{result.block} on {result.simulator}: {result.tests} passed, 0 failed "
+          f"(build {result.build_seconds:.1f} s, run {result.test_seconds:.1f} s)")
+    print(f"results: {result.results_xml}")
+    if args.waves:
+        print(f"waves: {result.waves}")
+    return 0
+
+
+def cmd_synth(args):
+    from flows.synth import synthesize
+    block, config = _block_and_config(args)
+    report = synthesize(block, config, args.target)
+    print(_table(["block", "target", "cells", "flip-flops", "LUTs", "DSPs"],
+                 [(block.name, args.target, report["cells"], report["flip_flops"],
+                   report["luts"], report["dsps"])]))
+    print(f"report: {report['json']}")
+    return 0
+
+
+def cmd_doctor(args):
+    from flows.toolchain import doctor_rows
+    rows = doctor_rows()
+    print(_table(["tool", "path", "version", "ok", "note"],
+                 [(t, p or "MISSING", ".".join(map(str, v)) if isinstance(v, tuple) else v,
+                   "yes" if ok else "NO", note) for t, p, v, ok, note in rows]))
+    return 0 if all(row[3] for row in rows) else 1
+
+
+def cmd_bench(args):
+    from flows.bench import run_bench
+    return run_bench(Path(args.output))
+
+
+def cmd_demo(args):
+    from flows.bench import run_demo
+    return run_demo()
+
+
+def _parser():
+    parser = _Parser(prog="moegen", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def with_block(p):
+        p.add_argument("block", help="block name (see `moegen list`)")
+        p.add_argument("-p", "--param", action="append", metavar="KEY=VALUE",
+                       help="set a parameter (repeatable)")
+
+    sub.add_parser("list", help="blocks, parameters, defaults and ranges").set_defaults(
+        func=cmd_list)
+    p = sub.add_parser("verilog", help="write BLOCK.v and BLOCK.json")
+    with_block(p)
+    p.add_argument("-o", "--output", default="build/verilog", help="output folder")
+    p.set_defaults(func=cmd_verilog)
+    p = sub.add_parser("sim", help="run the block's cocotb tests")
+    with_block(p)
+    p.add_argument("--sim", default="verilator", choices=["icarus", "verilator"])
+    p.add_argument("--waves", action="store_true", help="record a trace and print its path")
+    p.add_argument("--test", action="append", help="run only this cocotb test (repeatable)")
+    p.add_argument("--seed", type=int, default=1234, help="random seed of the tests")
+    p.set_defaults(func=cmd_sim)
+    p = sub.add_parser("synth", help="Yosys synthesis: cells, flip-flops, LUTs, DSPs")
+    with_block(p)
+    p.add_argument("--target", default="generic", choices=["generic", "ice40", "ecp5"])
+    p.set_defaults(func=cmd_synth)
+    sub.add_parser("doctor", help="check the toolchain").set_defaults(func=cmd_doctor)
+    p = sub.add_parser("bench", help="cycles, utilization, sim speed and area per block")
+    p.add_argument("-o", "--output", default="build/bench.json")
+    p.set_defaults(func=cmd_bench)
+    sub.add_parser("demo", help="generate, simulate and synthesize the demo configurations"
+                   ).set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv=None):
+    """Entry point of the ``moegen`` command; returns the exit status."""
+    try:
+        args = _parser().parse_args(argv)
+        return args.func(args)
+    except (_UsageError, ParamError, UnknownBlock) as error:
+        print(f"moegen: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

