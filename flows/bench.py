@@ -42,19 +42,22 @@ def run_bench(output):
     for block, config, label in demo_configurations():
         record = {"block": block.name, "params": label, "pes": _pes(config)}
         for simulator in ("verilator", "icarus"):
-            result = run_tests(block, config, simulator, testcase=["test_throughput"])
+            print(f"bench: {block.name} {label} on {simulator}", flush=True)
+            result = run_tests(block, config, simulator, testcase=["test_throughput"], quiet=True)
             throughput = json.loads((result.results_xml.parent / "throughput.json").read_text())
             record[simulator] = throughput
+        print(f"bench: {block.name} {label} synthesis (yosys, generic)", flush=True)
         area = synthesize(block, config, "generic")
         record["synth_generic"] = {k: area[k] for k in ("cells", "flip_flops", "luts", "dsps")}
         record["cells_per_pe"] = area["cells"] / record["pes"]
         records.append(record)
         v = record["verilator"]
         rows.append((block.name, label, v["cycles"], v["ideal_cycles"], f"{v['utilization']:.3f}",
+                     f"{v['steady_state_utilization']:.3f}",
                      f"{v['sim_cycles_per_second']:.0f}",
                      f"{record['icarus']['sim_cycles_per_second']:.0f}",
                      area["cells"], f"{record['cells_per_pe']:.0f}"))
-    print(_table(["block", "params", "cycles", "ideal", "utilization", "verilator cyc/s",
+    print(_table(["block", "params", "cycles", "ideal", "utilization", "steady", "verilator cyc/s",
                   "icarus cyc/s", "cells", "cells/PE"], rows))
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -71,7 +74,8 @@ def run_demo():
         out_dir = BUILD_ROOT / "demo" / f"{block.name}-{label.replace(' ', '_')}"
         _, _, info = generate(block, config, out_dir)
         try:
-            result = run_tests(block, config, "verilator")
+            print(f"demo: {block.name} {label}: Verilog, Verilator tests, synthesis", flush=True)
+            result = run_tests(block, config, "verilator", quiet=True)
             verdict = f"{result.tests}/{result.tests} pass"
             throughput = json.loads((result.results_xml.parent / "throughput.json").read_text())
             util = f"{throughput['utilization']:.3f}"

@@ -61,7 +61,7 @@ def _find_waves(build_dir, simulator):
     return None
 
 
-def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234):
+def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234, quiet=False):
     """Build ``block`` with ``config`` and run its cocotb tests on ``simulator``.
 
     Parameters
@@ -77,6 +77,8 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
         Run only these cocotb tests.
     seed : int
         cocotb ``RANDOM_SEED``: every random choice in the tests derives from it.
+    quiet : bool
+        Send the build and simulation logs to ``build.log`` / ``sim.log`` instead of stdout.
 
     Returns
     -------
@@ -104,7 +106,8 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
         if not (stamp.exists() and stamp.read_text() == digest):
             runner.build(sources=[v_path], hdl_toplevel=block.name, build_dir=build_dir,
                          build_args=VERILATOR_ARGS if simulator == "verilator" else [],
-                         timescale=TIMESCALE, waves=waves, always=True)
+                         timescale=TIMESCALE, waves=waves, always=True,
+                         log_file=build_dir / "build.log" if quiet else None)
             stamp.write_text(digest)
         built = time.monotonic()
     test_dir = build_dir / "run" / (",".join(testcase) if testcase else "all")
@@ -113,7 +116,8 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
                           build_dir=build_dir, test_dir=test_dir,
                           plusargs=[f"+moegen_manifest={m_path}"], timescale=TIMESCALE,
                           waves=waves, seed=seed, testcase=testcase,
-                          results_xml=str(test_dir / "results.xml"))
+                          results_xml=str(test_dir / "results.xml"),
+                          log_file=test_dir / "sim.log" if quiet else None)
     done = time.monotonic()
     tests, failed = get_results(Path(results))
     result = SimResult(block.name, simulator, tests, failed, Path(results),

