@@ -85,9 +85,34 @@ class SystolicTileConfig:
         validate(self)
 
 
-def _output_fifo(m, layout):
-    fifo = m.submodules.out_fifo = SyncFIFO(width=layout.size, depth=OUT_FIFO_DEPTH)
-    return fifo
+class _ArrayComponent(wiring.Component):
+    """Ports and output stage shared by the systolic blocks.
+
+    Parameters
+    ----------
+    config : SystolicConfig or SystolicTileConfig
+    inputs : dict of str to int
+        Input stream name -> lane count (lanes of ``in_width``). Every block adds the output
+        stream ``c`` (``cols`` lanes of ``acc_width``) and the sticky ``error`` flag.
+    """
+
+    def __init__(self, config, inputs):
+        self._config = config
+        members = {name: In(stream.Signature(lanes_layout(lanes, config.in_width)))
+                   for name, lanes in inputs.items()}
+        members["c"] = Out(stream.Signature(lanes_layout(config.cols, config.acc_width)))
+        members["error"] = Out(1)
+        super().__init__(members)
+
+    @property
+    def config(self):
+        return self._config
+
+    def _output_stage(self, m):
+        """The output FIFO and the pipeline whose enable is the FIFO's ``w_rdy``."""
+        fifo = m.submodules.out_fifo = SyncFIFO(width=self.c.payload.shape().size,
+                                                depth=OUT_FIFO_DEPTH)
+        return fifo, StallPipe(fifo.w_rdy)
 
 
 def _drive_output(m, fifo, c, row_valid, row_last, row_data, advance):
@@ -169,7 +194,7 @@ class _OSJoin:
                 m.d.sync += since_last.eq(since_last + 1)
 
 
-class OutputStationaryArray(wiring.Component):
+class OutputStationaryArray(_ArrayComponent):
     """Output-stationary R x C systolic array (block ``systolic``, ``dataflow="os"``).
 
     Computes C = A·B per tile: beat k of ``a`` is column k of A (R lanes), beat k of ``b`` is row
@@ -189,23 +214,12 @@ class OutputStationaryArray(wiring.Component):
     def __init__(self, config):
         if config.dataflow != "os":
             raise ValueError(f"OutputStationaryArray needs dataflow='os', got {config.dataflow!r}")
-        self._config = config
-        super().__init__({
-            "a": In(stream.Signature(lanes_layout(config.rows, config.in_width))),
-            "b": In(stream.Signature(lanes_layout(config.cols, config.in_width))),
-            "c": Out(stream.Signature(lanes_layout(config.cols, config.acc_width))),
-            "error": Out(1),
-        })
-
-    @property
-    def config(self):
-        return self._config
+        super().__init__(config, {"a": config.rows, "b": config.cols})
 
     def elaborate(self, platform):
         cfg = self._config
         m = Module()
-        fifo = _output_fifo(m, self.c.payload.shape())
-        pipe = StallPipe(fifo.w_rdy)
+        fifo, pipe = self._output_stage(m)
         join = _OSJoin(m, pipe, self.a, self.b, self.error, cfg.rows)
         row_valid, row_last, row_values = _os_grid(
             m, pipe, cfg.rows, cfg.cols, cfg.acc_width,
@@ -217,7 +231,7 @@ class OutputStationaryArray(wiring.Component):
         return m
 
 
-class SystolicTile(wiring.Component):
+class SystolicTile(_ArrayComponent):
     """n output-stationary arrays in lockstep whose rows a pipelined adder tree sums.
 
     Computes C = sum over s of A_s·B_s (the K dimension split into n slices): beat k of ``a``
@@ -228,25 +242,14 @@ class SystolicTile(wiring.Component):
     """
 
     def __init__(self, config):
-        self._config = config
-        n = config.arrays
-        super().__init__({
-            "a": In(stream.Signature(lanes_layout(n * config.rows, config.in_width))),
-            "b": In(stream.Signature(lanes_layout(n * config.cols, config.in_width))),
-            "c": Out(stream.Signature(lanes_layout(config.cols, config.acc_width))),
-            "error": Out(1),
-        })
-
-    @property
-    def config(self):
-        return self._config
+        super().__init__(config, {"a": config.arrays * config.rows,
+                                  "b": config.arrays * config.cols})
 
     def elaborate(self, platform):
         cfg = self._config
         R, C, n = cfg.rows, cfg.cols, cfg.arrays
         m = Module()
-        fifo = _output_fifo(m, self.c.payload.shape())
-        pipe = StallPipe(fifo.w_rdy)
+        fifo, pipe = self._output_stage(m)
         join = _OSJoin(m, pipe, self.a, self.b, self.error, R)
         partial_rows = []
         for s in range(n):
@@ -277,7 +280,7 @@ class SystolicTile(wiring.Component):
         return m
 
 
-class WeightStationaryArray(wiring.Component):
+class WeightStationaryArray(_ArrayComponent):
     """Weight-stationary R x C systolic array (block ``systolic``, ``dataflow="ws"``).
 
     Computes Y = X·W per block. Weights arrive on ``w``: R beats, beat r being row r of W (C
@@ -305,24 +308,13 @@ class WeightStationaryArray(wiring.Component):
     def __init__(self, config):
         if config.dataflow != "ws":
             raise ValueError(f"WeightStationaryArray needs dataflow='ws', got {config.dataflow!r}")
-        self._config = config
-        super().__init__({
-            "w": In(stream.Signature(lanes_layout(config.cols, config.in_width))),
-            "a": In(stream.Signature(lanes_layout(config.rows, config.in_width))),
-            "c": Out(stream.Signature(lanes_layout(config.cols, config.acc_width))),
-            "error": Out(1),
-        })
-
-    @property
-    def config(self):
-        return self._config
+        super().__init__(config, {"w": config.cols, "a": config.rows})
 
     def elaborate(self, platform):
         cfg = self._config
         R, C = cfg.rows, cfg.cols
         m = Module()
-        fifo = _output_fifo(m, self.c.payload.shape())
-        pipe = StallPipe(fifo.w_rdy)
+        fifo, pipe = self._output_stage(m)
 
         # Bank bookkeeping: `load_bank` is filled by `w`, `use_bank` is read by `a`.
         bank_full = Signal(2)
@@ -376,12 +368,12 @@ class WeightStationaryArray(wiring.Component):
                 psum_in = psum_down[j] if i else 0
                 psum_down[j] = pipe.reg((psum_in + product)[:cfg.acc_width].as_signed(),
                                         f"psum_{i}_{j}")
-                flags_next = pipe.reg(flags_in, f"f_{i}_{j}")
                 if j + 1 < C:
                     a_in = pipe.reg(a_in, f"a_{i}_{j}")
-                    flags_in = flags_next
+                    flags_in = pipe.reg(flags_in, f"f_{i}_{j}")
                 elif i == R - 1:
-                    out_flags = flags_next
+                    # Registered with psum (R-1, C-1): the flags of the row leaving the grid.
+                    out_flags = pipe.reg(flags_in, f"f_{i}_{j}")
         row_values = [pipe.delay(psum_down[j], C - 1 - j, f"deskew{j}") for j in range(C)]
         _drive_output(m, fifo, self.c, out_flags[0], out_flags[1], row_values, pipe.enable)
         pipe.emit(m)

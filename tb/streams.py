@@ -44,7 +44,31 @@ def _read_bits(handle):
     return handle.value.to_unsigned()
 
 
-class StreamSource:
+class _StreamEnd:
+    """One end of a stream port: its three handles and the task that works them."""
+
+    def __init__(self, dut, name, layout, rng):
+        self._clk = dut.clk
+        self._valid = getattr(dut, f"{name}__valid")
+        self._ready = getattr(dut, f"{name}__ready")
+        self._payload = getattr(dut, f"{name}__payload")
+        self._layout = layout
+        self._rng = rng
+        self._task = None
+
+    def start(self):
+        """Start working the port (one beat decision per clock edge)."""
+        self._task = cocotb.start_soon(self._run())
+
+    def stop(self):
+        """Stop working the port and drive it idle (used around a reset)."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self._go_idle()
+
+
+class StreamSource(_StreamEnd):
     """Drives a stream port from a queue of payloads, with seeded random valid gaps.
 
     Parameters
@@ -67,20 +91,11 @@ class StreamSource:
     """
 
     def __init__(self, dut, name, layout, rng, gap_probability=0.0):
-        self._clk = dut.clk
-        self._valid = getattr(dut, f"{name}__valid")
-        self._ready = getattr(dut, f"{name}__ready")
-        self._payload = getattr(dut, f"{name}__payload")
-        self._layout = layout
-        self._rng = rng
+        super().__init__(dut, name, layout, rng)
         self.gap_probability = gap_probability
         self._queue = collections.deque()
         self.sent_edges = []
-        self._task = None
-        # What we drive, kept here: a write to a handle is applied later in the time step, so
-        # reading it back would show the old value.
-        self._driving = False
-        self._valid.value = 0
+        self._go_idle()
         self._payload.value = 0
 
     def send(self, payload):
@@ -92,14 +107,9 @@ class StreamSource:
         """Nothing queued and nothing on the port."""
         return not self._queue and not self._driving
 
-    def start(self):
-        self._task = cocotb.start_soon(self._run())
-
-    def stop(self):
-        """Stop driving and drop what is queued (used around a reset)."""
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
+    def _go_idle(self):
+        # What we drive is kept here: a write to a handle is applied later in the time step,
+        # so reading it back would show the old value.
         self._queue.clear()
         self._driving = False
         self._valid.value = 0
@@ -119,7 +129,7 @@ class StreamSource:
             self._valid.value = int(self._driving)
 
 
-class StreamSink:
+class StreamSink(_StreamEnd):
     """Accepts a stream port with seeded random ``ready`` stalls and records every transfer.
 
     Parameters
@@ -136,25 +146,12 @@ class StreamSink:
     """
 
     def __init__(self, dut, name, layout, rng, stall_probability=0.0):
-        self._clk = dut.clk
-        self._valid = getattr(dut, f"{name}__valid")
-        self._ready = getattr(dut, f"{name}__ready")
-        self._payload = getattr(dut, f"{name}__payload")
-        self._layout = layout
-        self._rng = rng
+        super().__init__(dut, name, layout, rng)
         self.stall_probability = stall_probability
         self.received = []
-        self._task = None
-        self._accepting = False
-        self._ready.value = 0
+        self._go_idle()
 
-    def start(self):
-        self._task = cocotb.start_soon(self._run())
-
-    def stop(self):
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
+    def _go_idle(self):
         self._accepting = False
         self._ready.value = 0
 

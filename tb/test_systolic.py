@@ -88,6 +88,10 @@ class OSBench(_Bench):
                                     "last": int(k == b_last_beat)})
         self._expect_rows(golden.tile_result(a_slices, b_slices, self.cfg.acc_width).tolist())
 
+    def send_random_job(self, depth):
+        """Queue a random tile of depth K = ``depth``."""
+        self.send_tile(*self.random_tile(depth))
+
     def model(self):
         return golden.OSCycleModel(self.cfg.rows, self.cfg.cols, self.arrays)
 
@@ -109,6 +113,10 @@ class WSBench(_Bench):
         for m, row in enumerate(acts):
             self.sources["a"].send({"data": row, "last": int(m == len(acts) - 1)})
         self._expect_rows(golden.ws_block_result(acts, weights, self.cfg.acc_width).tolist())
+
+    def send_random_job(self, length):
+        """Queue random weights and a random activation block of M = ``length`` beats."""
+        self.send_block(*self.random_block(length))
 
 
 async def _setup(dut, salt, gap=0.0, stall=0.0):
@@ -139,7 +147,7 @@ async def test_cycle_exact_no_stalls(dut):
     if isinstance(bench, OSBench):
         depths = _os_depths(cfg.rows)
         for depth in depths:
-            bench.send_tile(*bench.random_tile(depth))
+            bench.send_random_job(depth)
         bench.start()
         await bench.finish(_budget(sum(depths) + cfg.rows * len(depths)))
         in_edges, out_edges = bench.model().schedule(depths)
@@ -156,7 +164,7 @@ async def test_cycle_exact_no_stalls(dut):
     else:
         lengths = [cfg.rows, cfg.rows + 2, 2 * cfg.rows, 1, cfg.rows, 3, cfg.rows]
         for length in lengths:
-            bench.send_block(*bench.random_block(length))
+            bench.send_random_job(length)
         bench.start()
         await bench.finish(_budget(sum(lengths) + cfg.rows * len(lengths)))
         w_edges, a_edges, out_edges = golden.WSCycleModel(cfg.rows, cfg.cols).schedule(lengths)
@@ -177,14 +185,9 @@ async def test_random_stalls(dut, gap, stall):
     cfg = bench.cfg
     beats = 0
     for _ in range(8):
-        if isinstance(bench, OSBench):
-            depth = bench.rng.randint(1, 2 * cfg.rows + 2)
-            bench.send_tile(*bench.random_tile(depth))
-            beats += depth + cfg.rows
-        else:
-            length = bench.rng.randint(1, 2 * cfg.rows + 2)
-            bench.send_block(*bench.random_block(length))
-            beats += length + cfg.rows
+        size = bench.rng.randint(1, 2 * cfg.rows + 2)
+        bench.send_random_job(size)
+        beats += size + cfg.rows
     bench.start()
     await bench.finish(_budget(beats, gap, stall))
 
@@ -218,10 +221,7 @@ async def test_reset_mid_work(dut):
     bench = await _setup(dut, "reset", 0.2, 0.5)
     cfg = bench.cfg
     for _ in range(3):
-        if isinstance(bench, OSBench):
-            bench.send_tile(*bench.random_tile(cfg.rows + 2))
-        else:
-            bench.send_block(*bench.random_block(cfg.rows + 2))
+        bench.send_random_job(cfg.rows + 2)
     bench.start()
     # Wait until the second job is partly taken, then reset in the middle of it.
     first_port = bench.input_ports[-1]
@@ -233,10 +233,7 @@ async def test_reset_mid_work(dut):
     assert not dut.c__valid.value, "c__valid high right after reset"
     fresh = type(bench)(dut, cfg, bench.component, bench.rng, 0.2, 0.5)
     for _ in range(2):
-        if isinstance(fresh, OSBench):
-            fresh.send_tile(*fresh.random_tile(cfg.rows + 1))
-        else:
-            fresh.send_block(*fresh.random_block(cfg.rows + 1))
+        fresh.send_random_job(cfg.rows + 1)
     fresh.start()
     await fresh.finish(_budget(4 * cfg.rows + 8, 0.2, 0.5))
 
@@ -248,12 +245,11 @@ async def test_protocol_misuse_sets_error(dut):
     cfg = bench.cfg
     assert dut.error.value == 0
     if isinstance(bench, OSBench):
-        depth = 3
-        bench.send_tile(*bench.random_tile(depth), b_last_beat=0)  # a.last on beat 2 rules
-        bench.send_tile(*bench.random_tile(cfg.rows))
+        bench.send_tile(*bench.random_tile(3), b_last_beat=0)  # a.last on beat 2 rules
+        bench.send_random_job(cfg.rows)
     else:
         bench.send_block(*bench.random_block(cfg.rows), w_last_beat=cfg.rows)  # no w.last
-        bench.send_block(*bench.random_block(cfg.rows))
+        bench.send_random_job(cfg.rows)
     bench.start()
     await bench.finish(_budget(4 * cfg.rows + 8))
     assert dut.error.value == 1, "misplaced last did not set error"
@@ -276,14 +272,14 @@ async def test_throughput(dut):
     if isinstance(bench, OSBench):
         depths = [cfg.rows] * jobs
         for depth in depths:
-            bench.send_tile(*bench.random_tile(depth))
+            bench.send_random_job(depth)
         macs_per_pe = sum(depths)
         _, want_out = bench.model().schedule(depths)
         first_port = "a"
     else:
         lengths = [max(cfg.rows, 8)] * jobs
         for length in lengths:
-            bench.send_block(*bench.random_block(length))
+            bench.send_random_job(length)
         macs_per_pe = sum(lengths)
         w_edges, a_edges, want_out = golden.WSCycleModel(cfg.rows, cfg.cols).schedule(lengths)
         want_out = [e - a_edges[0] for e in want_out]
