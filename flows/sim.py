@@ -112,9 +112,13 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
         built = time.monotonic()
     test_dir = build_dir / "run" / (",".join(testcase) if testcase else "all")
     test_dir.mkdir(parents=True, exist_ok=True)
+    plusargs = [f"+moegen_manifest={m_path}"]
+    if waves and simulator == "icarus":
+        # cocotb's Icarus dump module honours this plusarg: one trace per run folder.
+        plusargs.append(f"+dumpfile_path={test_dir / (block.name + '.fst')}")
     results = runner.test(test_module=block.tb_module, hdl_toplevel_lang="verilog", hdl_toplevel=block.name,
                           build_dir=build_dir, test_dir=test_dir,
-                          plusargs=[f"+moegen_manifest={m_path}"], timescale=TIMESCALE,
+                          plusargs=plusargs, timescale=TIMESCALE,
                           waves=waves, seed=seed, testcase=testcase,
                           results_xml=str(test_dir / "results.xml"),
                           log_file=test_dir / "sim.log" if quiet else None)
@@ -123,6 +127,8 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
     result = SimResult(block.name, simulator, tests, failed, Path(results),
                        _find_waves(test_dir, simulator) if waves else None,
                        built - started, done - built)
+    if waves and result.waves is None:
+        raise SimFailure(f"{block.name} on {simulator}: no trace was written in {test_dir}")
     if failed or not tests:
         raise SimFailure(f"{block.name} on {simulator}: {failed} of {tests} cocotb tests failed "
                          f"(see {results})")

@@ -1,6 +1,7 @@
 """Systolic blocks: golden models, config validation, elaboration, CLI, and cocotb on both sims."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -10,7 +11,9 @@ import vcdvcd
 
 from conftest import SIMULATORS, config_id, run_block
 from golden import systolic as golden
+from flows.verilog import generate
 from hw.params import ParamError
+from hw.registry import get_block
 from hw.systolic import SystolicConfig, SystolicTileConfig
 
 # Configurations simulated by `make test` on both simulators: odd and non-square sizes, the
@@ -128,6 +131,10 @@ def test_verilog_and_manifest_for_3x5(tmp_path):
     assert proc.returncode == 0, proc.stderr
     text = (tmp_path / "out" / "systolic.v").read_text()
     assert "module systolic(" in text
+    # The CLI's Verilog is exactly what the simulation flow builds and tests for this config.
+    block = get_block("systolic")
+    api_v, _, _ = generate(block, block.config(rows=3, cols=5, dataflow="os"), tmp_path / "api")
+    assert api_v.read_text() == text
     manifest = json.loads((tmp_path / "out" / "systolic.json").read_text())
     ports = {p["name"]: p for p in manifest["ports"]}
     assert ports["a__payload"]["width"] == 3 * 8 + 1 and ports["a__payload"]["direction"] == "in"
@@ -183,15 +190,19 @@ def test_cocotb_sweep(block, params, simulator):
     run_block(block, params, simulator)
 
 
-def test_cli_sim_waves_trace_shows_transfers():
-    """`moegen sim --waves` writes a trace; the trace shows the output handshakes happened."""
-    proc = _moegen("sim", "systolic", "-p", "rows=2", "-p", "cols=3", "--sim", "verilator",
+@pytest.mark.parametrize("simulator", SIMULATORS)
+def test_cli_sim_waves_writes_a_trace(simulator):
+    """`moegen sim --waves` writes a trace and prints its path; it shows the output handshakes."""
+    proc = _moegen("sim", "systolic", "-p", "rows=2", "-p", "cols=3", "--sim", simulator,
                    "--waves", "--test", "test_cycle_exact_no_stalls")
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "1 passed, 0 failed" in proc.stdout
     path = [line.split(": ", 1)[1] for line in proc.stdout.splitlines()
             if line.startswith("waves: ")][0]
-    trace = vcdvcd.VCDVCD(path, signals=["systolic.c__valid", "systolic.c__ready",
-                                         "systolic.clk"], store_tvs=True)
+    if simulator == "icarus":  # FST (cocotb's Icarus default): present and not empty
+        assert path.endswith(".fst") and os.path.getsize(path) > 0
+        return
+    trace = vcdvcd.VCDVCD(path, signals=["systolic.c__valid"], store_tvs=True)
     valid = trace["systolic.c__valid"]
     rises = sum(1 for (_, a), (_, b) in zip(valid.tv, valid.tv[1:]) if a == "0" and b == "1")
-    assert rises >= 1 and "1 passed, 0 failed" in proc.stdout
+    assert rises >= 1
