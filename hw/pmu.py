@@ -399,4 +399,5 @@ register(Block(
     figures=lambda cfg: golden.figures(**dataclasses.asdict(cfg)),
     summary="banked scratchpad with concurrent programmable read/write address generators (SN40L PMU)",
     demo_configs=({"banks": 8, "bank_depth": 64, "elem_width": 16, "lanes": 8, "loops": 3},),
+    area_unit="bank", area_units=lambda cfg: cfg.banks,
 ))

@@ -41,6 +41,10 @@ class Block:
         One line for ``moegen list``.
     demo_configs : tuple of dict
         Parameter sets ``make demo`` and ``make bench`` use.
+    area_unit : str
+        What ``make bench`` divides the cell count by ("PE", "bank", ...).
+    area_units : callable
+        ``area_units(config) -> int``, how many of them the configuration has.
     """
     name: str
     family: str
@@ -49,6 +53,8 @@ class Block:
     figures: Callable
     summary: str
     demo_configs: tuple = ({},)
+    area_unit: str = "block"
+    area_units: Callable = lambda config: 1
 
     @property
     def tb_module(self):

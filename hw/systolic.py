@@ -394,6 +394,7 @@ register(Block(
     demo_configs=({"rows": 4, "cols": 4, "dataflow": "os"},
                   {"rows": 3, "cols": 5, "dataflow": "os"},
                   {"rows": 4, "cols": 4, "dataflow": "ws"}),
+    area_unit="PE", area_units=lambda cfg: cfg.rows * cfg.cols,
 ))
 
 register(Block(
@@ -401,4 +402,5 @@ register(Block(
     figures=lambda cfg: golden.figures("systolic_tile", **dataclasses.asdict(cfg)),
     summary="n OS arrays on K-slices summed by a pipelined adder tree (Mozart tile)",
     demo_configs=({"rows": 4, "cols": 4, "arrays": 4},),
+    area_unit="PE", area_units=lambda cfg: cfg.rows * cfg.cols * cfg.arrays,
 ))

@@ -7,12 +7,15 @@ been latched (its port's busy flag was seen high), which is exactly when "the ot
 current job" is that job.
 """
 
+import json
+import time
+
 import cocotb
 from cocotb.triggers import ClockCycles, RisingEdge
 
 from golden import pmu as golden
 from tb.harness import load_dut_config, make_rng
-from tb.streams import StreamSink, StreamSource, reset_dut, start_clock, wait_for
+from tb.streams import StreamSink, StreamSource, edge_now, reset_dut, start_clock, wait_for
 
 STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.6), (0.6, 0.6)]
 
@@ -282,3 +285,48 @@ async def test_misuse_sets_error(dut):
     bench2.start()
     await wait_for(dut, lambda: bench2.w.idle and not dut.w_busy.value, 500, "job done")
     assert dut.error.value == 1, "misplaced w.last not flagged"
+
+
+@cocotb.test()
+async def test_throughput(dut):
+    """Accesses per cycle per port for row, column and strided patterns, diagonal vs naive.
+
+    Each pattern is one job of ``4 * lanes`` accesses; the rate is asserted against the golden
+    costs and written to ``throughput.json`` for ``make bench``.
+    """
+    started, first_edge = time.perf_counter(), edge_now()
+    bench = await _setup(dut, "throughput")
+    cfg = bench.cfg
+    n, row = cfg.lanes, cfg.banks
+    accesses = 4 * n
+    patterns = {"row": (1, row), "column": (row, 1), "stride3": (3, 3 * n)}
+    metrics = {}
+    for name, (lane_stride, step) in patterns.items():
+        for mapping, diagonal in (("diagonal", 1), ("naive", 0)):
+            job = golden.make_job(bench.params, bounds=[accesses], strides=[step],
+                                  lane_stride=lane_stride, diagonal=diagonal,
+                                  row_shift=cfg.bank_bits)
+            bench.w_costs.clear()
+            bench.r_costs.clear()
+            bench.wjob.sent_edges.clear()
+            bench.w.sent_edges.clear()
+            bench.queue_write(job)
+            await wait_for(dut, lambda: bench.w.idle and not dut.w_busy.value, 50 * accesses,
+                           "pattern written")
+            w_edges = bench.w.sent_edges
+            start = len(bench.r.received)
+            bench.queue_read(job)
+            await wait_for(dut, lambda: len(bench.r.received) == start + accesses,
+                           50 * accesses, "pattern read")
+            r_edges = [e for e, _ in bench.r.received[start:]]
+            want = sum(bench.w_costs[0])
+            # Cycles the port spent on the job: from its first beat's first cycle to its last.
+            w_cycles = w_edges[-1] - w_edges[0] + bench.w_costs[0][0]
+            r_cycles = r_edges[-1] - r_edges[0] + bench.r_costs[0][0]
+            assert w_cycles == want and r_cycles == sum(bench.r_costs[0])
+            metrics[f"{name}/{mapping}"] = round(accesses / r_cycles, 4)
+    bench.check_reads()
+    rate = (edge_now() - first_edge) / (time.perf_counter() - started)
+    with open("throughput.json", "w") as f:
+        json.dump({"metrics": metrics, "metric_unit": "read accesses per cycle",
+                   "sim_cycles_per_second": rate}, f, indent=2)

@@ -294,12 +294,13 @@ async def test_throughput(dut):
     # Every PE does one MAC per beat, so the ideal is one cycle per beat.
     cycles = out_edges[-1] + 1
     sim_cycles = cycles + 3 * (cfg.rows + cfg.cols) + 10
-    report = {"jobs": jobs, "cycles": cycles, "ideal_cycles": macs_per_pe,
+    metrics = {"cycles": cycles, "ideal": macs_per_pe,
+               "utilization": round(macs_per_pe / cycles, 4),
+               # Jobs of K = R (OS) or one output per beat (WS): one output row per cycle is
+               # full use of the PEs once the pipeline is filled.
+               "steady": round((len(out_edges) - 1) / (out_edges[-1] - out_edges[0]), 4)}
+    report = {"metrics": metrics, "metric_unit": "32 jobs, utilization = MACs/(PEs*cycles)",
               "macs": macs_per_pe * cfg.rows * cfg.cols * getattr(cfg, "arrays", 1),
-              "utilization": macs_per_pe / cycles,
-              # Jobs of K = R (OS) or one output per beat (WS): one output row per cycle is
-              # full use of the PEs once the pipeline is filled.
-              "steady_state_utilization": (len(out_edges) - 1) / (out_edges[-1] - out_edges[0]),
               "sim_cycles_per_second": sim_cycles / wall}
     with open("throughput.json", "w") as f:
         json.dump(report, f, indent=2)

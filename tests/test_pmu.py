@@ -1,0 +1,108 @@
+"""PMU: golden model, config validation, manifest, and cocotb on both simulators."""
+
+import pytest
+
+from conftest import SIMULATORS, config_id, run_block
+from golden import pmu as golden
+from hw.params import ParamError
+from hw.pmu import PMUConfig
+
+SIM_CONFIGS = [
+    # Default: 8 banks, 8 lanes, 3 loops, 16-bit addresses over a 9-bit scratchpad.
+    {},
+    # Lanes fewer than banks and not a power of two, narrow elements, address = capacity bits.
+    {"banks": 4, "bank_depth": 16, "lanes": 3, "loops": 2, "addr_width": 6, "elem_width": 5},
+    # One bank, one lane, one loop, wide elements: every mapping degenerates to offset = address.
+    {"banks": 1, "bank_depth": 8, "lanes": 1, "loops": 1, "addr_width": 3, "elem_width": 32},
+]
+SWEEP_CONFIGS = [
+    {"banks": 16, "bank_depth": 8, "lanes": 16, "loops": 6, "addr_width": 12, "elem_width": 8},
+    {"banks": 32, "bank_depth": 2, "lanes": 5, "loops": 2, "addr_width": 6, "elem_width": 3},
+]
+
+P = {"banks": 4, "bank_depth": 8, "elem_width": 8, "lanes": 4, "loops": 2, "addr_width": 6}
+
+
+def test_affine_addresses_level0_innermost_and_wrap():
+    job = golden.make_job(P, base=1, bounds=[2, 3], strides=[4, -10], lane_stride=-1)
+    first_lanes = [lanes[0] for lanes in golden.access_addresses(job, P)]
+    assert first_lanes == [1, 5, (1 - 10) % 64, (5 - 10) % 64, (1 - 20) % 64, (5 - 20) % 64]
+    assert golden.access_addresses(job, P)[0] == [1, 0, 63, 62]
+
+
+def test_diagonal_mapping_transposes_without_conflict():
+    write = golden.make_job(P, bounds=[4], strides=[4], diagonal=1, row_shift=2)
+    read = golden.make_job(P, bounds=[4], strides=[1], lane_stride=4, diagonal=1, row_shift=2)
+    pad = golden.Scratchpad(P)
+    tile = [[10 * r + c for c in range(4)] for r in range(4)]
+    assert pad.write_job(write, tile) == [1, 1, 1, 1]
+    vectors, valids, costs = pad.read_job(read)
+    assert vectors == [list(col) for col in zip(*tile)] and costs == [1, 1, 1, 1]
+    naive = golden.make_job(P, bounds=[4], strides=[1], lane_stride=4)
+    assert pad.job_costs(naive) == [4, 4, 4, 4]
+
+
+def test_bit_select_offset_is_the_address_without_bank_bits():
+    job = golden.make_job(P, bank_pos=[1, 4])
+    valid, bank, offset = golden.decode_lane(0b10110, job, P)
+    assert valid and bank == 0b11 and offset == 0b010   # bits 0, 2, 3 of the address
+    # Every address of the scratchpad gets its own (bank, offset).
+    cells = {golden.decode_lane(a, job, P)[1:] for a in range(32)}
+    assert len(cells) == 32
+
+
+def test_predicate_and_capacity():
+    job = golden.make_job(P, pred_lo=3, pred_hi=5)
+    assert [golden.decode_lane(a, job, P)[0] for a in (2, 3, 4, 5)] == [False, True, True, False]
+    assert not golden.decode_lane(40, golden.make_job(P), P)[0]   # 40 >= capacity 32
+
+
+def test_cost_counts_only_valid_lanes():
+    assert golden.access_cost([(True, 1, 0), (True, 1, 1), (False, 1, 2), (True, 0, 0)]) == 2
+    assert golden.access_cost([(False, 0, 0)]) == 1
+
+
+def test_invalid_jobs_are_recognized():
+    assert not golden.job_is_valid(golden.make_job(P, bounds=[0]), P)
+    assert not golden.job_is_valid(golden.make_job(P, bank_pos=[3, 1]), P)
+    assert not golden.job_is_valid(golden.make_job(P, bank_pos=[1, 5]), P)   # 5 >= log2(32)
+    assert not golden.job_is_valid(golden.make_job(P, diagonal=1, row_shift=1), P)
+    assert golden.job_is_valid(golden.make_job(P, diagonal=1, row_shift=3), P)
+
+
+def test_beat_edges_chain_jobs():
+    assert golden.write_beat_edges([[1, 2], [1]]) == [2, 4, 5]
+    assert golden.read_beat_edges([[3]]) == [6]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"banks": 6}, "parameter 'banks': got 6; allowed: an integer in 1..32, a power of two"),
+    ({"banks": 64}, "parameter 'banks': got 64; allowed: an integer in 1..32, a power of two"),
+    ({"bank_depth": 100},
+     "parameter 'bank_depth': got 100; allowed: an integer in 2..65536, a power of two"),
+    ({"elem_width": 0}, "parameter 'elem_width': got 0; allowed: an integer in 1..64"),
+    ({"lanes": 9}, "parameter 'lanes': got 9; allowed: an integer in 1..banks (8)"),
+    ({"lanes": 0}, "parameter 'lanes': got 0; allowed: an integer in 1..32"),
+    ({"loops": 7}, "parameter 'loops': got 7; allowed: an integer in 1..6"),
+    ({"addr_width": 8},
+     "parameter 'addr_width': got 8; allowed: an integer in 9..32 (log2(banks*bank_depth) and up)"),
+    ({"addr_width": 33}, "parameter 'addr_width': got 33; allowed: an integer in 1..32"),
+])
+def test_config_rejects_bad_values(kwargs, message):
+    with pytest.raises(ParamError) as info:
+        PMUConfig(**kwargs)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("simulator", SIMULATORS)
+@pytest.mark.parametrize("params", SIM_CONFIGS, ids=[config_id(p) for p in SIM_CONFIGS])
+def test_cocotb(params, simulator):
+    result = run_block("pmu", params, simulator)
+    assert result.tests == 11  # every cocotb test of tb/test_pmu.py ran
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("simulator", SIMULATORS)
+@pytest.mark.parametrize("params", SWEEP_CONFIGS, ids=[config_id(p) for p in SWEEP_CONFIGS])
+def test_cocotb_sweep(params, simulator):
+    run_block("pmu", params, simulator)
