@@ -30,6 +30,8 @@ def make_job(params, *, base=0, bounds=None, strides=None, lane_stride=1, pred_l
     """
     L = params["loops"]
     b = params["banks"].bit_length() - 1
+    if len(bounds or []) > L or len(strides or []) > L:
+        raise ValueError(f"a job of this PMU has at most {L} loop levels")
     bounds = list(bounds or [1]) + [1] * (L - len(bounds or [1]))
     strides = list(strides or [0]) + [0] * (L - len(strides or [0]))
     return {
@@ -52,7 +54,7 @@ def _bits(params):
 def job_is_valid(job, params):
     """Whether the PMU accepts ``job`` (a rejected job is dropped and sets ``error``)."""
     b, cb = _bits(params)
-    if any(bound == 0 for bound in job["bounds"]):
+    if any(not 1 <= bound <= 1 << params["addr_width"] for bound in job["bounds"]):
         return False
     if b == 0:
         return True

@@ -91,8 +91,8 @@ class PMUConfig:
 def job_layout(config):
     """Layout of a job descriptor (the ``wjob`` and ``rjob`` payloads); first field at bit 0.
 
-    Fields, in bit order: ``base`` (A bits); ``bounds`` (L x A bits: iterations of each level,
-    level 0 innermost, each >= 1); ``strides`` (L x signed A+1 bits); ``lane_stride`` (signed
+    Fields, in bit order: ``base`` (A bits); ``bounds`` (L x A+1 bits: iterations of each level,
+    level 0 innermost, each in 1..2^A); ``strides`` (L x signed A+1 bits); ``lane_stride`` (signed
     A+1); ``pred_lo``, ``pred_hi`` (A+1 bits each: lanes with pred_lo <= address < pred_hi are
     valid); ``diagonal`` (1 bit: 1 diagonal mapping, 0 bit-select); ``bank_pos`` (max(1, log2 B)
     fields: address bit of each bank bit, strictly increasing, below log2(capacity));
@@ -102,7 +102,7 @@ def job_layout(config):
     A, L = config.addr_width, config.loops
     return data.StructLayout({
         "base": unsigned(A),
-        "bounds": data.ArrayLayout(unsigned(A), L),
+        "bounds": data.ArrayLayout(unsigned(A + 1), L),
         "strides": data.ArrayLayout(signed(A + 1), L),
         "lane_stride": signed(A + 1),
         "pred_lo": unsigned(A + 1),
@@ -154,7 +154,7 @@ class AddressGenerator(wiring.Component):
     done : Out(1)
         Toggles when a job completes.
     bad_job : Out(1)
-        Pulses when a descriptor is rejected (bound 0, bank bits not strictly increasing or
+        Pulses when a descriptor is rejected (a bound of 0 or above 2^A, bank bits not strictly increasing or
         beyond the capacity, diagonal row shorter than the bank count); it is dropped.
     last_access : Out(1)
     lane_valid : Out(V)
@@ -217,7 +217,8 @@ class AddressGenerator(wiring.Component):
         free = ~self.busy | (self.advance & self.last_access)
         may_start = (~head.wait_other | ~self.other_busy
                      | (waiting & (self.other_done != snapshot)))
-        bad = reduce(operator.or_, [head.bounds[level] == 0 for level in range(L)], Const(0))
+        bad = reduce(operator.or_, [(head.bounds[level] == 0) | (head.bounds[level] > (1 << A))
+                                    for level in range(L)], Const(0))
         if b:
             positions = [head.bank_pos[i] for i in range(b)]
             misplaced = positions[-1] >= CB

@@ -80,13 +80,11 @@ class PMUBench:
         """Zero the whole scratchpad (it keeps its words through reset), then forget the
         transfers this made so that cycle checks start from the next job."""
         capacity, lanes = self.cfg.banks * self.cfg.bank_depth, self.cfg.lanes
-        half = capacity // 2
         self.start()
-        for low in (0, half):  # two jobs: a bound must stay below 2^addr_width
-            job = golden.make_job(self.params, base=low, bounds=[-(-half // lanes)],
-                                  strides=[lanes], pred_lo=low, pred_hi=low + half)
-            accesses = len(golden.access_addresses(job, self.params))
-            self.queue_write(job, [[0] * lanes for _ in range(accesses)])
+        job = golden.make_job(self.params, bounds=[-(-capacity // lanes)], strides=[lanes],
+                              pred_hi=capacity)
+        accesses = len(golden.access_addresses(job, self.params))
+        self.queue_write(job, [[0] * lanes for _ in range(accesses)])
         await wait_for(self.dut, lambda: self.w.idle and not self.dut.w_busy.value,
                        4 * capacity + 100, "scratchpad cleared")
         for source in (self.wjob, self.w):
@@ -114,6 +112,15 @@ async def _setup(dut, salt, gap=0.0, stall=0.0):
     return bench
 
 
+def _nest(cfg, bounds, strides, flat=None):
+    """``bounds``/``strides`` keyword arguments of a 2-level nest; with one loop level, the
+    ``flat`` ones (default: the innermost level alone)."""
+    if cfg.loops >= len(bounds):
+        return {"bounds": bounds, "strides": strides}
+    bounds, strides = flat or (bounds[:cfg.loops], strides[:cfg.loops])
+    return {"bounds": bounds, "strides": strides}
+
+
 def _random_job(bench, wait_other=0):
     """A random affine job: bounds, signed strides, lane stride, predicate, mapping."""
     cfg, rng, params = bench.cfg, bench.rng, bench.params
@@ -133,13 +140,22 @@ def _random_job(bench, wait_other=0):
 
 
 def _transpose_jobs(bench, diagonal):
-    """Write an N x N tile row by row, read it column by column (N = lanes, row length B)."""
+    """Jobs that write an N x V tile row by row and read it column by column.
+
+    Rows are ``banks`` elements apart (the diagonal row length); N = min(V, bank_depth) rows fit
+    the scratchpad. The read takes V columns of V lanes; lanes at or past row N are predicated
+    off, so every column reads N elements and V - N zeros. This needs V * banks <= 2^A when
+    N < V: otherwise those lane addresses wrap back onto the tile and no predicate can cut them.
+    """
     cfg = bench.cfg
-    n, row = cfg.lanes, cfg.banks
+    rows, row = min(cfg.lanes, cfg.bank_depth), cfg.banks
+    assert rows == cfg.lanes or cfg.lanes * row <= 1 << cfg.addr_width, \
+        f"transpose test needs addr_width >= log2(lanes*banks) when lanes > bank_depth"
     common = {"diagonal": diagonal, "row_shift": cfg.bank_bits}
-    write = golden.make_job(bench.params, bounds=[n], strides=[row], lane_stride=1, **common)
-    read = golden.make_job(bench.params, bounds=[n], strides=[1], lane_stride=row, **common)
-    return write, read
+    write = golden.make_job(bench.params, bounds=[rows], strides=[row], lane_stride=1, **common)
+    read = golden.make_job(bench.params, bounds=[cfg.lanes], strides=[1], lane_stride=row,
+                           pred_hi=rows * row, **common)
+    return write, read, rows
 
 
 @cocotb.test()
@@ -148,22 +164,25 @@ async def test_transpose(dut, diagonal):
     """Diagonal mapping: no conflict both ways. Bit-select on the low bits: N-way on columns."""
     bench = await _setup(dut, f"transpose{diagonal}")
     cfg = bench.cfg
-    n = cfg.lanes
-    write, read = _transpose_jobs(bench, diagonal)
-    tile = [[bench.rng.randrange(1 << cfg.elem_width) for _ in range(n)] for _ in range(n)]
+    write, read, rows = _transpose_jobs(bench, diagonal)
+    tile = [[bench.rng.randrange(1 << cfg.elem_width) for _ in range(cfg.lanes)]
+            for _ in range(rows)]
     bench.queue_write(write, tile)
     await wait_for(dut, lambda: bench.w.idle and not dut.w_busy.value, 500, "tile written")
     w_base = bench.wjob.sent_edges[0]
     assert [e - w_base for e in bench.w.sent_edges] == golden.write_beat_edges(bench.w_costs)
     bench.queue_read(read)
-    await wait_for(dut, lambda: len(bench.r.received) == n, 500 + n * n, "columns read")
+    await wait_for(dut, lambda: len(bench.r.received) == cfg.lanes, 500 + cfg.lanes * rows,
+                   "columns read")
     r_base = bench.rjob.sent_edges[0]
     assert [e - r_base for e, _ in bench.r.received] == golden.read_beat_edges(bench.r_costs)
     bench.check_reads()
     # The data came back transposed, and the conflict counters match the golden costs.
+    padding = [0] * (cfg.lanes - rows)
     assert [[int(x) for x in beat.data] for _, beat in bench.r.received] == \
-        [list(col) for col in zip(*tile)]
-    assert bench.r_costs[0] == ([1] * n if diagonal else [n] * n)
+        [list(column) + padding for column in zip(*tile)]
+    assert bench.w_costs[0] == [1] * rows
+    assert bench.r_costs[0] == ([1] * cfg.lanes if diagonal else [rows] * cfg.lanes)
     assert dut.r_conflict_cycles.value.to_unsigned() == sum(c - 1 for c in bench.r_costs[0])
     assert dut.w_conflict_cycles.value.to_unsigned() == 0
 
@@ -225,7 +244,7 @@ async def test_predication_and_wrap(dut):
     reads = [
         golden.make_job(params, base=1, bounds=[3], strides=[cfg.lanes], pred_lo=2,
                         pred_hi=2 * cfg.lanes + 1, wait_other=1),
-        golden.make_job(params, base=2, bounds=[2, 2], strides=[-3, limit - 5],
+        golden.make_job(params, base=2, **_nest(cfg, [2, 2], [-3, limit - 5]),
                         lane_stride=-1, wait_other=1),
         golden.make_job(params, base=limit - 2, bounds=[2], strides=[1], lane_stride=1,
                         wait_other=1),
@@ -242,8 +261,8 @@ async def test_reset_mid_job(dut):
     """Reset during a long write and a read: ports, queues and counters restart clean."""
     bench = await _setup(dut, "reset", 0.2, 0.4)
     cfg, params = bench.cfg, bench.params
-    region = golden.make_job(params, bounds=[4, 3], strides=[cfg.lanes, 4 * cfg.lanes],
-                             lane_stride=1)
+    loops = _nest(cfg, [4, 3], [cfg.lanes, 4 * cfg.lanes], flat=([min(12, 1 << cfg.addr_width)], [cfg.lanes]))
+    region = golden.make_job(params, **loops, lane_stride=1)
     bench.queue_write(region)
     bench.queue_read(golden.make_job(params, bounds=[4], strides=[1], lane_stride=cfg.lanes))
     await wait_for(dut, lambda: len(bench.w.sent_edges) >= 3, 2000, "write under way")
@@ -257,8 +276,7 @@ async def test_reset_mid_job(dut):
     fresh.start()
     fresh.queue_write(region)
     await fresh.until_latched("w")
-    fresh.queue_read(golden.make_job(params, bounds=[4, 3], strides=[cfg.lanes, 4 * cfg.lanes],
-                                     lane_stride=1, wait_other=1))
+    fresh.queue_read(golden.make_job(params, **loops, lane_stride=1, wait_other=1))
     await wait_for(dut, lambda: len(fresh.r.received) >= len(fresh.expected), 5000, "reads")
     await ClockCycles(dut.clk, 10)
     fresh.check_reads()
