@@ -17,7 +17,7 @@ SIM_CONFIGS = [
 ]
 SWEEP_CONFIGS = [
     {"banks": 16, "bank_depth": 8, "lanes": 16, "loops": 6, "addr_width": 12, "elem_width": 8},
-    {"banks": 32, "bank_depth": 2, "lanes": 5, "loops": 2, "addr_width": 7, "elem_width": 3},
+    {"banks": 32, "bank_depth": 2, "lanes": 5, "loops": 2, "addr_width": 8, "elem_width": 3},
 ]
 
 P = {"banks": 4, "bank_depth": 8, "elem_width": 8, "lanes": 4, "loops": 2, "addr_width": 6}
