@@ -232,6 +232,29 @@ async def test_random_jobs_with_dependencies(dut, gap, stall):
 
 
 @cocotb.test()
+async def test_read_waits_for_write(dut):
+    """wait_other: a read queued behind a write that starves for data stays idle until the
+    write's last access, then reads the new words (read-after-write between jobs)."""
+    bench = await _setup(dut, "raw")
+    cfg = bench.cfg
+    region = {"bounds": [2], "strides": [cfg.lanes]}
+    write = golden.make_job(bench.params, **region)
+    vectors = [[bench.rng.randrange(1, 1 << cfg.elem_width) for _ in range(cfg.lanes)]
+               for _ in range(2)]   # nonzero: a read of the old (cleared) words would differ
+    bench.w_costs.append(bench.memory.write_job(write, vectors))
+    bench.wjob.send(bench._descriptor(write))
+    await bench.until_latched("w")
+    bench.queue_read(golden.make_job(bench.params, **region, wait_other=1))
+    await ClockCycles(dut.clk, 20)
+    assert not dut.r_busy.value and not bench.r.received, "read started before the write ended"
+    for index, vector in enumerate(vectors):
+        bench.w.send({"data": vector, "last": int(index == 1)})
+    await wait_for(dut, lambda: len(bench.r.received) == 2, 100, "reads")
+    assert bench.r.received[0][0] > bench.w.sent_edges[-1], "read issued before the last write"
+    bench.check_reads()
+
+
+@cocotb.test()
 async def test_predication_and_wrap(dut):
     """Predicate edges cut accesses; negative strides wrap modulo 2^A; beyond capacity is off."""
     bench = await _setup(dut, "predicate", 0.3, 0.3)
