@@ -16,6 +16,7 @@ from flows.sim import SimFailure, run_tests
 from flows.synth import synthesize
 from flows.toolchain import BUILD_ROOT
 from flows.verilog import generate
+from tb.harness import THROUGHPUT_FILE
 from hw.registry import all_blocks
 
 __all__ = ["run_bench", "run_demo", "demo_configurations"]
@@ -37,7 +38,7 @@ def _metrics_text(metrics):
 
 
 def _throughput(result):
-    return json.loads((result.results_xml.parent / "throughput.json").read_text())
+    return json.loads((result.results_xml.parent / THROUGHPUT_FILE).read_text())
 
 
 def run_bench(output):

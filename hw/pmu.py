@@ -154,8 +154,9 @@ class AddressGenerator(wiring.Component):
     done : Out(1)
         Toggles when a job completes.
     bad_job : Out(1)
-        Pulses when a descriptor is rejected (a bound of 0 or above 2^A, bank bits not strictly increasing or
-        beyond the capacity, diagonal row shorter than the bank count); it is dropped.
+        Pulses when a descriptor is rejected (a bound of 0 or above 2^A, bank bits not strictly
+        increasing or beyond the capacity, diagonal row shorter than the bank count); it is
+        dropped.
     last_access : Out(1)
     lane_valid : Out(V)
     lane_bank, lane_offset, lane_rank : Out(ArrayLayout(..., V))
@@ -398,7 +399,8 @@ class PMU(wiring.Component):
 register(Block(
     name="pmu", family="pmu", config=PMUConfig, build=PMU,
     figures=lambda cfg: golden.figures(**dataclasses.asdict(cfg)),
-    summary="banked scratchpad with concurrent programmable read/write address generators (SN40L PMU)",
+    summary=("banked scratchpad with concurrent programmable read/write address generators "
+             "(SN40L PMU)"),
     demo_configs=({"banks": 8, "bank_depth": 64, "elem_width": 16, "lanes": 8, "loops": 3},),
     area_unit="bank", area_units=lambda cfg: cfg.banks,
 ))

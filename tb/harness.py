@@ -13,7 +13,10 @@ import cocotb
 
 from hw.registry import get_block
 
-__all__ = ["load_dut_config", "make_rng"]
+__all__ = ["load_dut_config", "make_rng", "write_throughput", "THROUGHPUT_FILE"]
+
+# Written by each block's test_throughput in its run folder; read by flows/bench.py.
+THROUGHPUT_FILE = "throughput.json"
 
 
 def load_dut_config():
@@ -31,3 +34,12 @@ def load_dut_config():
 def make_rng(salt):
     """A generator seeded from cocotb's RANDOM_SEED and a per-test salt (reproducible)."""
     return random.Random(f"{cocotb.RANDOM_SEED}:{salt}")
+
+
+def write_throughput(metrics, metric_unit, sim_cycles_per_second, **extra):
+    """Write the report ``make bench`` and ``make demo`` read: ``metrics`` (name -> cycle-exact
+    figure), what they measure, the simulated cycles per wall second, and any ``extra`` keys."""
+    report = {"metrics": metrics, "metric_unit": metric_unit, **extra,
+              "sim_cycles_per_second": sim_cycles_per_second}
+    with open(THROUGHPUT_FILE, "w") as f:
+        json.dump(report, f, indent=2)

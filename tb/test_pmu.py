@@ -7,14 +7,13 @@ been latched (its port's busy flag was seen high), which is exactly when "the ot
 current job" is that job.
 """
 
-import json
 import time
 
 import cocotb
 from cocotb.triggers import ClockCycles, RisingEdge
 
 from golden import pmu as golden
-from tb.harness import load_dut_config, make_rng
+from tb.harness import load_dut_config, make_rng, write_throughput
 from tb.streams import StreamSink, StreamSource, edge_now, reset_dut, start_clock, wait_for
 
 STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.6), (0.6, 0.6)]
@@ -49,17 +48,30 @@ class PMUBench:
         width = max(1, self.cfg.bank_bits)
         return {**job, "bank_pos": (list(job["bank_pos"]) + [0] * width)[:width]}
 
-    def queue_write(self, job, vectors=None):
-        """Queue a write job and its data (random when not given); update the golden memory."""
+    def queue_write(self, job, vectors=None, hold_data=False):
+        """Queue a write job and its data (random when not given); update the golden memory.
+
+        With ``hold_data`` only the descriptor is queued: :meth:`send_write_data` sends the
+        returned vectors later."""
         accesses = len(golden.access_addresses(job, self.params))
         mask = (1 << self.cfg.elem_width) - 1
         if vectors is None:
             vectors = [[self.rng.randint(0, mask) for _ in range(self.cfg.lanes)]
                        for _ in range(accesses)]
         self.wjob.send(self._descriptor(job))
-        for index, vector in enumerate(vectors):
-            self.w.send({"data": vector, "last": int(index == accesses - 1)})
+        if not hold_data:
+            self.send_write_data(vectors)
         self.w_costs.append(self.memory.write_job(job, vectors))
+        return vectors
+
+    def send_write_data(self, vectors):
+        """Queue one ``w`` beat per vector, ``last`` on the final one."""
+        for index, vector in enumerate(vectors):
+            self.w.send({"data": vector, "last": int(index == len(vectors) - 1)})
+
+    async def writes_done(self, budget, what="writes done"):
+        """Wait until every queued ``w`` beat is taken and the write port is idle."""
+        await wait_for(self.dut, lambda: self.w.idle and not self.dut.w_busy.value, budget, what)
 
     def queue_read(self, job):
         """Queue a read job; the expected beats come from the golden memory as it is now."""
@@ -85,8 +97,7 @@ class PMUBench:
                               pred_hi=capacity)
         accesses = len(golden.access_addresses(job, self.params))
         self.queue_write(job, [[0] * lanes for _ in range(accesses)])
-        await wait_for(self.dut, lambda: self.w.idle and not self.dut.w_busy.value,
-                       4 * capacity + 100, "scratchpad cleared")
+        await self.writes_done(4 * capacity + 100, "scratchpad cleared")
         for source in (self.wjob, self.w):
             source.sent_edges.clear()
         self.w_costs.clear()
@@ -150,7 +161,7 @@ def _transpose_jobs(bench, diagonal):
     cfg = bench.cfg
     rows, row = min(cfg.lanes, cfg.bank_depth), cfg.banks
     assert rows == cfg.lanes or cfg.lanes * row <= 1 << cfg.addr_width, \
-        f"transpose test needs addr_width >= log2(lanes*banks) when lanes > bank_depth"
+        "transpose test needs addr_width >= log2(lanes*banks) when lanes > bank_depth"
     common = {"diagonal": diagonal, "row_shift": cfg.bank_bits}
     write = golden.make_job(bench.params, bounds=[rows], strides=[row], lane_stride=1, **common)
     read = golden.make_job(bench.params, bounds=[cfg.lanes], strides=[1], lane_stride=row,
@@ -168,7 +179,7 @@ async def test_transpose(dut, diagonal):
     tile = [[bench.rng.randrange(1 << cfg.elem_width) for _ in range(cfg.lanes)]
             for _ in range(rows)]
     bench.queue_write(write, tile)
-    await wait_for(dut, lambda: bench.w.idle and not dut.w_busy.value, 500, "tile written")
+    await bench.writes_done(500, "tile written")
     w_base = bench.wjob.sent_edges[0]
     assert [e - w_base for e in bench.w.sent_edges] == golden.write_beat_edges(bench.w_costs)
     bench.queue_read(read)
@@ -195,7 +206,7 @@ async def test_chained_jobs_cycle_exact(dut):
     jobs = [job for job in jobs if golden.job_is_valid(job, bench.params)]
     for job in jobs:
         bench.queue_write(job)
-    await wait_for(dut, lambda: bench.w.idle and not dut.w_busy.value, 3000, "writes done")
+    await bench.writes_done(3000)
     base = bench.wjob.sent_edges[0]
     assert [e - base for e in bench.w.sent_edges] == golden.write_beat_edges(bench.w_costs)
     assert dut.w_conflict_cycles.value.to_unsigned() == \
@@ -241,14 +252,12 @@ async def test_read_waits_for_write(dut):
     write = golden.make_job(bench.params, **region)
     vectors = [[bench.rng.randrange(1, 1 << cfg.elem_width) for _ in range(cfg.lanes)]
                for _ in range(2)]   # nonzero: a read of the old (cleared) words would differ
-    bench.w_costs.append(bench.memory.write_job(write, vectors))
-    bench.wjob.send(bench._descriptor(write))
+    bench.queue_write(write, vectors, hold_data=True)
     await bench.until_latched("w")
     bench.queue_read(golden.make_job(bench.params, **region, wait_other=1))
     await ClockCycles(dut.clk, 20)
     assert not dut.r_busy.value and not bench.r.received, "read started before the write ended"
-    for index, vector in enumerate(vectors):
-        bench.w.send({"data": vector, "last": int(index == 1)})
+    bench.send_write_data(vectors)
     await wait_for(dut, lambda: len(bench.r.received) == 2, 100, "reads")
     assert bench.r.received[0][0] > bench.w.sent_edges[-1], "read issued before the last write"
     bench.check_reads()
@@ -284,7 +293,8 @@ async def test_reset_mid_job(dut):
     """Reset during a long write and a read: ports, queues and counters restart clean."""
     bench = await _setup(dut, "reset", 0.2, 0.4)
     cfg, params = bench.cfg, bench.params
-    loops = _nest(cfg, [4, 3], [cfg.lanes, 4 * cfg.lanes], flat=([min(12, 1 << cfg.addr_width)], [cfg.lanes]))
+    loops = _nest(cfg, [4, 3], [cfg.lanes, 4 * cfg.lanes],
+                  flat=([min(12, 1 << cfg.addr_width)], [cfg.lanes]))
     region = golden.make_job(params, **loops, lane_stride=1)
     bench.queue_write(region)
     bench.queue_read(golden.make_job(params, bounds=[4], strides=[1], lane_stride=cfg.lanes))
@@ -314,7 +324,7 @@ async def test_misuse_sets_error(dut):
     bench.wjob.send(bench._descriptor(bad))
     good = golden.make_job(params, bounds=[2], strides=[bench.cfg.lanes])
     bench.queue_write(good)
-    await wait_for(dut, lambda: bench.w.idle and not dut.w_busy.value, 500, "good job done")
+    await bench.writes_done(500, "good job done")
     assert dut.error.value == 1, "bound 0 not flagged"
     bench.stop()
     await reset_dut(dut)
@@ -324,7 +334,7 @@ async def test_misuse_sets_error(dut):
     bench2.w.send({"data": [0] * bench.cfg.lanes, "last": 1})   # last on access 0 of 2
     bench2.w.send({"data": [0] * bench.cfg.lanes, "last": 1})
     bench2.start()
-    await wait_for(dut, lambda: bench2.w.idle and not dut.w_busy.value, 500, "job done")
+    await bench2.writes_done(500, "job done")
     assert dut.error.value == 1, "misplaced w.last not flagged"
 
 
@@ -352,8 +362,7 @@ async def test_throughput(dut):
             bench.wjob.sent_edges.clear()
             bench.w.sent_edges.clear()
             bench.queue_write(job)
-            await wait_for(dut, lambda: bench.w.idle and not dut.w_busy.value, 50 * accesses,
-                           "pattern written")
+            await bench.writes_done(50 * accesses, "pattern written")
             w_edges = bench.w.sent_edges
             start = len(bench.r.received)
             bench.queue_read(job)
@@ -368,6 +377,4 @@ async def test_throughput(dut):
             metrics[f"{name}/{mapping}"] = round(accesses / r_cycles, 4)
     bench.check_reads()
     rate = (edge_now() - first_edge) / (time.perf_counter() - started)
-    with open("throughput.json", "w") as f:
-        json.dump({"metrics": metrics, "metric_unit": "read accesses per cycle",
-                   "sim_cycles_per_second": rate}, f, indent=2)
+    write_throughput(metrics, "read accesses per cycle", rate)

@@ -6,14 +6,13 @@ below hide the difference between the output-stationary blocks (ports a, b -> c)
 weight-stationary array (ports w, a -> c).
 """
 
-import json
 import time
 
 import cocotb
 from cocotb.triggers import ClockCycles, RisingEdge
 
 from golden import systolic as golden
-from tb.harness import load_dut_config, make_rng
+from tb.harness import load_dut_config, make_rng, write_throughput
 from tb.streams import InOrderScoreboard, StreamSink, StreamSource, reset_dut, start_clock, wait_for
 
 STALL_PROFILES = [(0.5, 0.0), (0.0, 0.6), (0.4, 0.4), (0.8, 0.8)]
@@ -299,8 +298,5 @@ async def test_throughput(dut):
                # Jobs of K = R (OS) or one output per beat (WS): one output row per cycle is
                # full use of the PEs once the pipeline is filled.
                "steady": round((len(out_edges) - 1) / (out_edges[-1] - out_edges[0]), 4)}
-    report = {"metrics": metrics, "metric_unit": "32 jobs, utilization = MACs/(PEs*cycles)",
-              "macs": macs_per_pe * cfg.rows * cfg.cols * getattr(cfg, "arrays", 1),
-              "sim_cycles_per_second": sim_cycles / wall}
-    with open("throughput.json", "w") as f:
-        json.dump(report, f, indent=2)
+    write_throughput(metrics, "32 jobs, utilization = MACs/(PEs*cycles)", sim_cycles / wall,
+                     macs=macs_per_pe * cfg.rows * cfg.cols * getattr(cfg, "arrays", 1))
