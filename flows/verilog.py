@@ -3,6 +3,7 @@
 import dataclasses
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from amaranth.back import verilog
@@ -91,6 +92,20 @@ def write_if_changed(path, text):
     return True
 
 
+# Yosys puts a dummy reg, initialized to 0, into the sensitivity list of every `always @*` so the
+# block runs once at start-up. Icarus 11 applies declaration initializers without an event, so
+# a combinational block whose real inputs never change (e.g. a priority pick over registers that
+# stay at their reset value) keeps X forever. Toggling the dummy at time 0 runs each block once.
+_DUMMY_REG = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\.cc:\d+:dump_module\$\d+) += 0;$",
+                        re.MULTILINE)
+
+
+def _settle_at_time_zero(text):
+    return _DUMMY_REG.sub(lambda m: (f"{m.group(0)}\n{m.group(1)}`ifndef VERILATOR\n"
+                                     f"{m.group(1)}initial #0 {m.group(2)} = 1'h1;\n"
+                                     f"{m.group(1)}`endif"), text)
+
+
 def generate(block, config, out_dir):
     """Write ``out_dir/<block>.v`` (top module ``<block>``) and ``out_dir/<block>.json``.
 
@@ -101,8 +116,8 @@ def generate(block, config, out_dir):
     """
     out_dir = Path(out_dir)
     component = block.build(config)
-    text = verilog.convert(component, name=block.name, emit_src=False,
-                           strip_internal_attrs=True)
+    text = _settle_at_time_zero(verilog.convert(component, name=block.name, emit_src=False,
+                                                strip_internal_attrs=True))
     info = manifest(block, config, component)
     v_path, j_path = out_dir / f"{block.name}.v", out_dir / f"{block.name}.json"
     write_if_changed(v_path, text)

@@ -10,7 +10,8 @@ exactly once.
 
 import dataclasses
 
-__all__ = ["ParamError", "int_param", "choice_param", "validate", "describe", "parse_params"]
+__all__ = ["ParamError", "int_param", "choice_param", "int_list_param", "validate", "describe",
+           "parse_params"]
 
 
 class ParamError(ValueError):
@@ -45,12 +46,30 @@ def choice_param(default, choices, doc):
         "kind": "choice", "choices": tuple(choices), "doc": doc, "allowed": allowed})
 
 
+def int_list_param(default, lo, hi, max_len, doc):
+    """A tuple of 1..``max_len`` integers, each in ``lo..hi``; ``4,4`` on the command line."""
+    allowed = f"1..{max_len} comma-separated integers, each in {lo}..{hi}"
+    return dataclasses.field(default=tuple(default), metadata={
+        "kind": "int_list", "lo": lo, "hi": hi, "max_len": max_len, "doc": doc,
+        "allowed": allowed})
+
+
+def _int_ok(value, lo, hi):
+    # bool is an int subclass; True for `rows` is a caller bug, not 1.
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+
+
 def _check_field(field, value):
     meta = field.metadata
+    if meta["kind"] == "int_list":
+        ok = (isinstance(value, tuple) and 1 <= len(value) <= meta["max_len"]
+              and all(_int_ok(v, meta["lo"], meta["hi"]) for v in value))
+        if not ok:
+            shown = ",".join(str(v) for v in value) if isinstance(value, tuple) else repr(value)
+            raise ParamError(f"parameter '{field.name}': got {shown}; allowed: {meta['allowed']}")
+        return
     if meta["kind"] == "int":
-        # bool is an int subclass; True for `rows` is a caller bug, not 1.
-        ok = (isinstance(value, int) and not isinstance(value, bool)
-              and meta["lo"] <= value <= meta["hi"]
+        ok = (_int_ok(value, meta["lo"], meta["hi"])
               and (meta["check"] is None or meta["check"](value)))
     else:
         ok = isinstance(value, str) and value in meta["choices"]
@@ -61,7 +80,12 @@ def _check_field(field, value):
 def validate(config):
     """Check every field of a config dataclass against its metadata; raise :class:`ParamError`."""
     for field in dataclasses.fields(config):
-        _check_field(field, getattr(config, field.name))
+        value = getattr(config, field.name)
+        if field.metadata["kind"] == "int_list" and isinstance(value, list):
+            # A manifest stores tuples as JSON lists; the frozen config keeps a hashable tuple.
+            value = tuple(value)
+            object.__setattr__(config, field.name, value)
+        _check_field(field, value)
 
 
 def describe(config_cls):
@@ -87,7 +111,13 @@ def parse_params(config_cls, pairs):
         if key not in fields:
             raise ParamError(f"parameter '{key}': unknown; allowed: {', '.join(fields)}")
         field = fields[key]
-        if field.metadata["kind"] == "int":
+        if field.metadata["kind"] == "int_list":
+            try:
+                value = tuple(int(part, 0) for part in text.split(","))
+            except ValueError:
+                raise ParamError(f"parameter '{key}': got {text!r}; allowed: "
+                                 f"{field.metadata['allowed']}") from None
+        elif field.metadata["kind"] == "int":
             try:
                 value = int(text, 0)
             except ValueError:

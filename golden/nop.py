@@ -1,0 +1,146 @@
+"""Golden model of the NoP tree: who receives which packet, flits per link, combined sums, timing.
+
+Pure Python/NumPy (no amaranth, no hw/). A tree is described by ``fanouts`` (children per switch,
+root level first); leaves are numbered left to right, and a destination mask has bit ``i`` for
+leaf ``i``. A switch forwards a packet to child ``c`` iff the mask has a set bit among the leaves
+of ``c``'s subtree, once, however many bits are set there.
+"""
+
+import math
+
+import numpy as np
+
+__all__ = ["DISPATCH_HOP_CYCLES", "COMBINE_HOP_CYCLES", "leaf_count", "internal_links",
+           "deliveries", "link_flits", "forwarding_root_flits", "combine", "replication",
+           "dispatch_edges", "combine_first_edge", "figures", "wrap"]
+
+# A flit accepted by a switch at edge e is offered by its child output register from e and,
+# with a ready child, transferred at e + 1.
+DISPATCH_HOP_CYCLES = 1
+# A child's last flit transferred at edge e marks the slot complete; the buffers are read in the
+# next cycle and the first combined flit is offered from edge e + 1: transferred at e + 2.
+COMBINE_HOP_CYCLES = 2
+
+
+def leaf_count(fanouts):
+    return math.prod(fanouts)
+
+
+def wrap(value, width):
+    """``value`` wrapped to a signed ``width``-bit integer (two's complement)."""
+    value = int(value) & ((1 << width) - 1)
+    return value - (1 << width) if value >> (width - 1) else value
+
+
+def _subtree_hit(mask, first_leaf, leaves):
+    return (mask >> first_leaf) & ((1 << leaves) - 1) != 0
+
+
+def internal_links(fanouts):
+    """``(level, index, first_leaf, leaves)`` of every switch-to-switch link, breadth first:
+    link j enters the j-th non-root switch (level >= 1, left to right)."""
+    links = []
+    for level in range(1, len(fanouts)):
+        span = math.prod(fanouts[level:])
+        for index in range(math.prod(fanouts[:level])):
+            links.append((level, index, index * span, span))
+    return links
+
+
+def deliveries(packets, fanouts):
+    """Packets each leaf receives, in dispatch order: list (per leaf) of packet indices."""
+    leaves = leaf_count(fanouts)
+    return [[i for i, p in enumerate(packets) if (p["mask"] >> leaf) & 1] for leaf in range(leaves)]
+
+
+def link_flits(packets, fanouts):
+    """Flits on every link, the same down (dispatch) and up (combine).
+
+    Returns
+    -------
+    dict
+        ``root``: flits through the root port (each packet once), ``internal``: per internal
+        link (see :func:`internal_links`), ``leaf``: per leaf link.
+    """
+    def flits_into(first_leaf, leaves):
+        return sum(len(p["flits"]) for p in packets if _subtree_hit(p["mask"], first_leaf, leaves))
+
+    return {
+        "root": flits_into(0, leaf_count(fanouts)),
+        "internal": [flits_into(first, span) for _, _, first, span in internal_links(fanouts)],
+        "leaf": [flits_into(leaf, 1) for leaf in range(leaf_count(fanouts))],
+    }
+
+
+def forwarding_root_flits(packets):
+    """Root-link flits of the combine phase *without* in-network combine: every leaf's
+    contribution travels to the root on its own (popcount(mask) packets per token)."""
+    return sum(bin(p["mask"]).count("1") * len(p["flits"]) for p in packets)
+
+
+def combine(packets, leaf_output, acc_width):
+    """The combined packet of every token: lane-wise wrapping sum of its leaves' returns.
+
+    Parameters
+    ----------
+    packets : list of dict
+        ``token``, ``mask``, ``flits`` (list of lane lists).
+    leaf_output : callable
+        ``leaf_output(leaf, packet) -> list of lane lists``, what a leaf returns.
+    acc_width : int
+        Width of the sums.
+
+    Returns
+    -------
+    list of list of list of int
+        Per packet, its combined flits.
+    """
+    out = []
+    for packet in packets:
+        leaves = [leaf for leaf in range(packet["mask"].bit_length()) if (packet["mask"] >> leaf) & 1]
+        total = np.zeros((len(packet["flits"]), len(packet["flits"][0])), dtype=object)
+        for leaf in leaves:
+            total = total + np.array(leaf_output(leaf, packet), dtype=object)
+        out.append([[wrap(v, acc_width) for v in flit] for flit in total.tolist()])
+    return out
+
+
+def replication(masks):
+    """r: average number of leaves a token is copied to (seed 000 §3.3)."""
+    masks = list(masks)
+    return sum(bin(m).count("1") for m in masks) / len(masks) if masks else 0.0
+
+
+def dispatch_edges(root_edges, fanouts):
+    """Edges at which a leaf receives the flits the root took at ``root_edges`` (no stalls)."""
+    return [e + DISPATCH_HOP_CYCLES * len(fanouts) for e in root_edges]
+
+
+def combine_first_edge(mask, leaf_last_edges, flits, fanouts, level=0, first_leaf=0):
+    """Edge of the first combined flit leaving the switch at ``level`` for one token alone.
+
+    ``leaf_last_edges[leaf]`` is the edge of each owed leaf's last return flit. A switch emits
+    ``COMBINE_HOP_CYCLES`` after its last owed child's last flit; a child switch's last flit is
+    ``flits - 1`` after its first.
+    """
+    span = math.prod(fanouts[level + 1:])
+    child_last = []
+    for child in range(fanouts[level]):
+        first = first_leaf + child * span
+        if not _subtree_hit(mask, first, span):
+            continue
+        if level + 1 == len(fanouts):
+            child_last.append(leaf_last_edges[first])
+        else:
+            child_last.append(combine_first_edge(mask, leaf_last_edges, flits, fanouts,
+                                                 level + 1, first) + flits - 1)
+    return max(child_last) + COMBINE_HOP_CYCLES
+
+
+def figures(fanouts):
+    """Golden cycle-model figures for the manifest."""
+    depth = len(fanouts)
+    return {"leaves": leaf_count(fanouts), "depth": depth,
+            "dispatch_latency_cycles": DISPATCH_HOP_CYCLES * depth,
+            "combine_cycles_per_hop": COMBINE_HOP_CYCLES,
+            "flits_per_cycle_per_port": 1}

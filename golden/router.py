@@ -1,0 +1,100 @@
+"""Golden model of the top-K router (plain and node-limited) and a synthetic routing trace.
+
+Pure Python/NumPy (no amaranth, no hw/).
+
+Routing rule (DeepSeek-V3 node-limited routing, seed 003 §4.3, with integer scores):
+
+1. Without a group limit, the k experts with the highest scores, highest first; equal scores go
+   to the lower expert index.
+2. With ``groups`` G and ``topk_groups`` M: experts ``g*E/G .. (g+1)*E/G - 1`` form group g. A
+   group's score is the sum of its two highest expert scores. The M groups with the highest group
+   scores are kept (ties to the lower group index); the k experts are chosen as in 1 among the
+   experts of the kept groups only.
+3. The destination mask has bit ``table[e]`` set for every chosen expert e (a leaf holding two
+   chosen experts gets the token once).
+"""
+
+import numpy as np
+
+__all__ = ["rank_order", "group_scores", "route", "leaf_mask", "synthetic_trace"]
+
+
+def rank_order(values, allowed=None):
+    """Indices sorted by value descending, ties to the lower index; only ``allowed`` ones."""
+    indices = range(len(values)) if allowed is None else allowed
+    return sorted(indices, key=lambda i: (-int(values[i]), i))
+
+
+def group_scores(scores, groups):
+    """Per group, the sum of its two highest scores (its one score if it has one expert)."""
+    size = len(scores) // groups
+    out = []
+    for g in range(groups):
+        top = sorted((int(s) for s in scores[g * size:(g + 1) * size]), reverse=True)
+        out.append(sum(top[:2]))
+    return out
+
+
+def route(scores, k, groups=1, topk_groups=1):
+    """Chosen experts (highest first) and their scores for one token.
+
+    Parameters
+    ----------
+    scores : sequence of int
+        E unsigned scores.
+    k : int
+        Experts per token.
+    groups, topk_groups : int
+        G groups of E/G consecutive experts, of which the best M are eligible (G = 1: no limit).
+
+    Returns
+    -------
+    experts : list of int
+    chosen_scores : list of int
+    """
+    experts = len(scores)
+    if groups > 1:
+        size = experts // groups
+        kept = rank_order(group_scores(scores, groups))[:topk_groups]
+        allowed = [e for e in range(experts) if e // size in kept]
+    else:
+        allowed = None
+    chosen = rank_order(scores, allowed)[:k]
+    return chosen, [int(scores[e]) for e in chosen]
+
+
+def leaf_mask(experts, table):
+    """Destination mask: bit ``table[e]`` for each chosen expert ``e``."""
+    mask = 0
+    for expert in experts:
+        mask |= 1 << int(table[expert])
+    return mask
+
+
+def synthetic_trace(tokens, experts, k, clusters, seed, affinity=0.85, skew=1.0):
+    """A seeded routing trace (tokens x k distinct experts) with co-activation structure.
+
+    The experts are split, through a random permutation, into ``clusters`` hidden communities of
+    equal size. Each token draws a community (popularity ~ 1/(rank+1)^skew, so the load is uneven)
+    and picks each of its k experts from that community with probability ``affinity``, else
+    uniformly from all experts; experts are distinct within a token.
+
+    Returns
+    -------
+    numpy.ndarray of int, shape (tokens, k)
+    """
+    rng = np.random.default_rng(seed)
+    community = rng.permutation(experts).reshape(clusters, experts // clusters)
+    popularity = 1.0 / np.arange(1, clusters + 1) ** skew
+    popularity /= popularity.sum()
+    trace = np.zeros((tokens, k), dtype=int)
+    for token in range(tokens):
+        home = community[rng.choice(clusters, p=popularity)]
+        chosen = []
+        while len(chosen) < k:
+            pool = home if rng.random() < affinity else np.arange(experts)
+            candidate = int(rng.choice(pool))
+            if candidate not in chosen:
+                chosen.append(candidate)
+        trace[token] = chosen
+    return trace

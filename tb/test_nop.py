@@ -1,0 +1,444 @@
+"""cocotb tests of ``nop_switch`` and ``nop_tree`` against ``golden.nop``.
+
+A ``nop_switch`` is a tree of one level (its children are the leaves), so one bench drives both:
+a source on the root's ``down_in``, a sink on ``up_out``, and per leaf a sink on ``down_out[i]``
+plus a leaf model that returns one packet per packet received (lane ``j`` of flit ``f`` is a
+function of leaf, token, data), in a random order among its pending packets, after random delays.
+Every check compares against the golden model: the packets each leaf received, the combined
+packet of every token (exactly once), and the flits counted on every link.
+"""
+
+import time
+
+import cocotb
+from cocotb.triggers import ClockCycles, RisingEdge
+
+from flows import placement
+from golden import nop as golden
+from golden import router as golden_router
+from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.streams import StreamSink, StreamSource, edge_now, reset_dut, start_clock, wait_for
+
+STALL_PROFILES = [(0.0, 0.0), (0.4, 0.0), (0.0, 0.5), (0.5, 0.5)]
+
+
+def leaf_output(leaf, packet):
+    """What leaf ``leaf`` returns for ``packet``: its experts' weighted output, modelled as
+    ``data * (leaf + 1) + token - flit``, exact integers (the switch wraps the sums)."""
+    return [[value * (leaf + 1) + packet["token"] - index for value in flit]
+            for index, flit in enumerate(packet["flits"])]
+
+
+class TreeBench:
+    """Root source/sink, per-leaf sinks and leaf models, link monitors."""
+
+    def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0, return_delay=(0, 6)):
+        self.dut, self.cfg, self.rng = dut, config, rng
+        self.fanouts = tuple(config.fanouts)
+        self.leaves = golden.leaf_count(self.fanouts)
+        self.down = component.down_in.payload.shape()
+        self.up = component.up_out.payload.shape()
+        self.root = StreamSource(dut, "down_in", self.down, rng, gap)
+        self.combined = StreamSink(dut, "up_out", self.up, rng, stall)
+        self.leaf_in = [StreamSink(dut, f"down_out__{i}", self.down, rng, stall)
+                        for i in range(self.leaves)]
+        self.leaf_out = [StreamSource(dut, f"up_in__{i}", self.up, rng, gap)
+                         for i in range(self.leaves)]
+        self.return_delay = return_delay
+        self.hold_returns = False
+        self.in_order = False          # return pending packets oldest first (else shuffled)
+        self._queued = [0] * self.leaves
+        self.packets = []
+        self.internal = len(golden.internal_links(self.fanouts))
+        self.down_link_flits = [0] * self.internal
+        self.up_link_flits = [0] * self.internal
+        self.leaf_return_edges = {}        # (leaf, token) -> edge of the last return flit
+        self._tasks = []
+
+    # --- traffic ---
+    def random_packet(self, token, mask=None, flits=None):
+        cfg = self.cfg
+        if mask is None:
+            mask = self.rng.randint(1, (1 << self.leaves) - 1)
+        flits = flits or self.rng.randint(1, cfg.max_flits)
+        low, high = -(1 << (cfg.data_width - 1)), (1 << (cfg.data_width - 1)) - 1
+        data = [[self.rng.randint(low, high) for _ in range(cfg.lanes)] for _ in range(flits)]
+        return {"token": token % (1 << cfg.token_width), "mask": mask, "flits": data}
+
+    def send(self, packet):
+        self.packets.append(packet)
+        for index, flit in enumerate(packet["flits"]):
+            self.root.send({"token": packet["token"], "mask": packet["mask"], "data": flit,
+                            "last": int(index == len(packet["flits"]) - 1)})
+
+    # --- processes ---
+    def start(self):
+        for port in [self.root, self.combined, *self.leaf_in, *self.leaf_out]:
+            port.start()
+        self._tasks = [cocotb.start_soon(self._leaf(i)) for i in range(self.leaves)]
+        if self.internal:
+            self._tasks.append(cocotb.start_soon(self._count_links()))
+
+    def stop(self):
+        for task in self._tasks:
+            task.cancel()
+        for port in [self.root, self.combined, *self.leaf_in, *self.leaf_out]:
+            port.stop()
+
+    async def _count_links(self):
+        while True:
+            await RisingEdge(self.dut.clk)
+            down = self.dut.down_link_fire.value.to_unsigned()
+            up = self.dut.up_link_fire.value.to_unsigned()
+            for link in range(self.internal):
+                self.down_link_flits[link] += (down >> link) & 1
+                self.up_link_flits[link] += (up >> link) & 1
+
+    async def _leaf(self, leaf):
+        """Collect whole packets; return them in random order after random delays."""
+        sink, source = self.leaf_in[leaf], self.leaf_out[leaf]
+        seen, pending, current = 0, [], []
+        while True:
+            await RisingEdge(self.dut.clk)
+            while seen < len(sink.received):
+                _, flit = sink.received[seen]
+                seen += 1
+                current.append([int(x) for x in flit.data])
+                if flit.last:
+                    token = int(flit.token)
+                    due = edge_now() + self.rng.randint(*self.return_delay)
+                    pending.append((due, {"token": token, "flits": current}))
+                    current = []
+            if self.hold_returns:
+                continue
+            ready = [p for p in pending if p[0] <= edge_now()]
+            if not self.in_order:
+                self.rng.shuffle(ready)
+            # Whole packets are queued back to back: a link never interleaves two packets.
+            for choice in ready:
+                pending.remove(choice)
+                packet = choice[1]
+                output = leaf_output(leaf, packet)
+                for index, flit in enumerate(output):
+                    source.send({"token": packet["token"], "data": flit,
+                                 "last": int(index == len(output) - 1)})
+                self._queued[leaf] += len(output)
+                cocotb.start_soon(self._note_return(leaf, packet["token"], self._queued[leaf]))
+
+    async def _note_return(self, leaf, token, sent_count):
+        source = self.leaf_out[leaf]
+        while len(source.sent_edges) < sent_count:
+            await RisingEdge(self.dut.clk)
+        self.leaf_return_edges[(leaf, token)] = source.sent_edges[sent_count - 1]
+
+    # --- checks ---
+    def combined_packets(self):
+        """Root output split into packets: list of (token, flits, first edge)."""
+        out, current, first = [], [], None
+        for edge, flit in self.combined.received:
+            first = edge if not current else first
+            current.append([int(x) for x in flit.data])
+            if flit.last:
+                out.append((int(flit.token), current, first))
+                current = []
+        return out
+
+    async def drain(self, max_cycles=20000):
+        await wait_for(self.dut, lambda: len(self.combined_packets()) == len(self.packets),
+                       max_cycles, "every token combined at the root")
+        await ClockCycles(self.dut.clk, 10)
+
+    def check(self):
+        cfg, packets = self.cfg, self.packets
+        # Leaves: exactly the golden packets, in dispatch order, each once.
+        for leaf, indices in enumerate(golden.deliveries(packets, self.fanouts)):
+            want = []
+            for i in indices:
+                p = packets[i]
+                want += [(p["token"], p["mask"], flit, int(k == len(p["flits"]) - 1))
+                         for k, flit in enumerate(p["flits"])]
+            got = [(int(f.token), int(f.mask), [int(x) for x in f.data], int(f.last))
+                   for _, f in self.leaf_in[leaf].received]
+            assert got == want, f"leaf {leaf}: received {len(got)} flits, expected {len(want)}"
+        # Root: one combined packet per token with the golden sums (order is free).
+        expected = golden.combine(packets, leaf_output, cfg.acc_width)
+        want = sorted((p["token"], flits) for p, flits in zip(packets, expected))
+        got = sorted((token, flits) for token, flits, _ in self.combined_packets())
+        assert got == want, "combined packets differ from the golden sums"
+        # Links: flits seen on every link equal the golden count, down and up.
+        counts = golden.link_flits(packets, self.fanouts)
+        assert len(self.root.sent_edges) == counts["root"]
+        assert len(self.combined.received) == counts["root"]
+        assert [len(s.received) for s in self.leaf_in] == counts["leaf"]
+        assert [len(s.sent_edges) for s in self.leaf_out] == counts["leaf"]
+        assert self.down_link_flits == counts["internal"], self.down_link_flits
+        assert self.up_link_flits == counts["internal"], self.up_link_flits
+        assert self.dut.error.value == 0
+
+
+def _setup(dut, salt, **kwargs):
+    _, config, component = load_dut_config()
+    rng = make_rng(salt)
+    return TreeBench(dut, config, component, rng, **kwargs)
+
+
+def _special_masks(bench):
+    """One leaf, all leaves, every leaf under the first child, and two leaves of one child."""
+    leaves, span = bench.leaves, bench.leaves // bench.fanouts[0]
+    masks = [1, 1 << (leaves - 1), (1 << leaves) - 1, (1 << span) - 1]
+    if span >= 2:
+        masks.append(0b11 << (leaves - 2))
+    else:
+        masks.append(0b101 if leaves > 2 else 0b11)
+    return masks
+
+
+@cocotb.test()
+async def test_dispatch_cycle_exact(dut):
+    """No stalls: every flit reaches its leaves exactly depth hops after the root took it, the
+    root takes one flit per cycle, and each packet reaches each destination leaf once."""
+    bench = _setup(dut, "exact", return_delay=(0, 0))
+    start_clock(dut)
+    await reset_dut(dut)
+    bench.start()
+    token = 0
+    for mask in _special_masks(bench):
+        for flits in (1, bench.cfg.max_flits):
+            bench.send(bench.random_packet(token, mask, flits))
+            token += 1
+    await bench.drain()
+    bench.check()
+    root_edges = bench.root.sent_edges
+    for leaf, indices in enumerate(golden.deliveries(bench.packets, bench.fanouts)):
+        flit_ids = []
+        position = 0
+        for i, p in enumerate(bench.packets):
+            count = len(p["flits"])
+            if i in indices:
+                flit_ids += range(position, position + count)
+            position += count
+        want = golden.dispatch_edges([root_edges[f] for f in flit_ids], bench.fanouts)
+        assert [e for e, _ in bench.leaf_in[leaf].received] == want, f"leaf {leaf} edges"
+
+
+@cocotb.test()
+async def test_combine_latency_one_token_at_a_time(dut):
+    """One token in flight: the combined packet leaves the root at the golden edge (each switch
+    emits COMBINE_HOP_CYCLES after its last owed child's last flit)."""
+    bench = _setup(dut, "latency", return_delay=(0, 5))
+    start_clock(dut)
+    await reset_dut(dut)
+    bench.start()
+    masks = _special_masks(bench) + [bench.rng.randint(1, (1 << bench.leaves) - 1)
+                                     for _ in range(4)]
+    for token, mask in enumerate(masks):
+        packet = bench.random_packet(token, mask)
+        bench.send(packet)
+        await wait_for(dut, lambda: len(bench.combined_packets()) == token + 1, 2000, "combine")
+        _, _, first = bench.combined_packets()[-1]
+        leaf_edges = {leaf: bench.leaf_return_edges[(leaf, packet["token"])]
+                      for leaf in range(bench.leaves) if (mask >> leaf) & 1}
+        want = golden.combine_first_edge(mask, leaf_edges, len(packet["flits"]), bench.fanouts)
+        assert first == want, f"token {token}: first combined flit at {first}, golden {want}"
+    await ClockCycles(dut.clk, 5)
+    bench.check()
+
+
+async def _random_traffic(dut, gap, stall, salt, count=60):
+    bench = _setup(dut, salt, gap=gap, stall=stall, return_delay=(0, 12))
+    start_clock(dut)
+    await reset_dut(dut)
+    bench.start()
+    for token in range(count):
+        bench.send(bench.random_packet(token))
+    await bench.drain(max_cycles=40000)
+    bench.check()
+    bench.stop()
+
+
+for _index, (_gap, _stall) in enumerate(STALL_PROFILES):
+    async def _profile(dut, gap=_gap, stall=_stall, index=_index):
+        await _random_traffic(dut, gap, stall, f"random{index}")
+    _profile.__name__ = f"test_random_traffic_gap{int(_gap * 100)}_stall{int(_stall * 100)}"
+    _profile.__qualname__ = _profile.__name__
+    _profile.__doc__ = ("Random masks and lengths, out-of-order returns interleaved across "
+                        "leaves, random valid gaps and ready stalls on every port; the golden "
+                        "deliveries, sums and link counts.")
+    globals()[_profile.__name__] = cocotb.test()(_profile)
+
+
+@cocotb.test()
+async def test_table_full_backpressure(dut):
+    """With the leaves holding their returns, the root accepts exactly max_inflight packets and
+    then waits (never drops); released, every token combines once."""
+    bench = _setup(dut, "full")
+    start_clock(dut)
+    await reset_dut(dut)
+    bench.hold_returns = True
+    bench.start()
+    cfg = bench.cfg
+    for token in range(cfg.max_inflight + 3):
+        bench.send(bench.random_packet(token, flits=1))
+    await ClockCycles(dut.clk, 40 + 4 * cfg.max_inflight)
+    assert len(bench.root.sent_edges) == cfg.max_inflight
+    assert dut.down_in__valid.value == 1 and dut.down_in__ready.value == 0
+    bench.hold_returns = False
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_repeated_token_waits(dut):
+    """A token id still in flight is not dispatched again until its first instance combined."""
+    bench = _setup(dut, "repeat")
+    start_clock(dut)
+    await reset_dut(dut)
+    bench.hold_returns = True
+    bench.start()
+    bench.send(bench.random_packet(7, flits=1))
+    bench.send(bench.random_packet(7, flits=1))
+    await ClockCycles(dut.clk, 30)
+    assert len(bench.root.sent_edges) == 1
+    bench.hold_returns = False
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_reset_mid_packet(dut):
+    """Reset while packets are in the tree; afterwards traffic is exact again."""
+    bench = _setup(dut, "reset", gap=0.2, stall=0.2)
+    start_clock(dut)
+    await reset_dut(dut)
+    bench.start()
+    for token in range(6):
+        bench.send(bench.random_packet(token, flits=bench.cfg.max_flits))
+    await ClockCycles(dut.clk, 3 + bench.cfg.max_flits)
+    bench.stop()
+    await reset_dut(dut)
+    bench = _setup(dut, "reset-after", gap=0.2, stall=0.2)
+    bench.start()
+    for token in range(20):
+        bench.send(bench.random_packet(token))
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_protocol_misuse_sets_sticky_error(dut):
+    """A packet with an empty mask is consumed and dropped; a return for a token nobody owes is
+    dropped; both raise the sticky error, and the tree keeps working."""
+    bench = _setup(dut, "misuse")
+    start_clock(dut)
+    await reset_dut(dut)
+    bench.start()
+    bench.root.send({"token": 1, "mask": 0, "data": [0] * bench.cfg.lanes, "last": 1})
+    await wait_for(dut, lambda: bench.root.idle, 100, "empty-mask packet consumed")
+    await ClockCycles(dut.clk, 3)
+    assert dut.error.value == 1
+    assert all(not s.received for s in bench.leaf_in)
+    await reset_dut(dut)
+    assert dut.error.value == 0
+    bench.leaf_out[0].send({"token": 9, "data": [1] * bench.cfg.lanes, "last": 1})
+    await wait_for(dut, lambda: bench.leaf_out[0].idle, 100, "stray return consumed")
+    await ClockCycles(dut.clk, 3)
+    assert dut.error.value == 1
+    assert not bench.combined.received
+    await reset_dut(dut)
+    bench.stop()
+    bench = _setup(dut, "misuse-after")
+    bench.start()
+    for token in range(8):
+        bench.send(bench.random_packet(token))
+    await bench.drain()
+    bench.check()
+
+
+def _placement_masks(bench, clustered):
+    """Destination masks of a synthetic routing trace under round-robin or clustered placement
+    of 4 experts per leaf (top-2 of 4*leaves experts)."""
+    experts, k = 4 * bench.leaves, 2
+    trace = golden_router.synthetic_trace(tokens=48, experts=experts, k=k,
+                                          clusters=bench.leaves, seed=5)
+    groups = bench.fanouts[0]
+    if clustered:
+        table = placement.place(trace, experts, bench.leaves, groups).expert_to_leaf
+    else:
+        table = placement.round_robin(experts, bench.leaves)
+    return [golden_router.leaf_mask(row, table) for row in trace]
+
+
+@cocotb.test()
+async def test_throughput(dut):
+    """Saturation and placement figures, each asserted against the golden model.
+
+    Burst: max_inflight packets to every leaf, one flit per cycle on the root and leaf links;
+    the leaves then return them oldest first, and the root emits one combined flit per cycle.
+    Continuous: 4 * max_inflight packets with immediate returns (bounded by the round trip
+    against max_inflight). Placement: r on the leaves for two placements of a synthetic trace.
+    """
+    bench = _setup(dut, "throughput", return_delay=(0, 0))
+    cfg = bench.cfg
+    start_clock(dut)
+    await reset_dut(dut)
+    bench.in_order, bench.hold_returns = True, True
+    bench.start()
+    began = time.perf_counter()
+    cycles_before = edge_now()
+    all_leaves = (1 << bench.leaves) - 1
+    burst_flits = cfg.max_inflight * cfg.max_flits
+    for token in range(cfg.max_inflight):
+        bench.send(bench.random_packet(token, all_leaves, cfg.max_flits))
+    await wait_for(dut, lambda: all(len(s.received) == burst_flits for s in bench.leaf_in),
+                   1000, "burst at the leaves")
+
+    def rate(edges):
+        return len(edges) / (edges[-1] - edges[0] + 1)
+
+    dispatch_rate = rate(bench.root.sent_edges)
+    leaf_edges = [e for e, _ in bench.leaf_in[bench.leaves - 1].received]
+    latency = leaf_edges[0] - bench.root.sent_edges[0]
+    assert dispatch_rate == 1.0 and rate(leaf_edges) == 1.0
+    assert latency == golden.dispatch_edges([0], bench.fanouts)[0]
+    bench.hold_returns = False
+    await bench.drain()
+    bench.check()
+    combine_rate = rate([e for e, _ in bench.combined.received])
+    assert combine_rate == 1.0
+    saved = golden.forwarding_root_flits(bench.packets) / golden.link_flits(
+        bench.packets, bench.fanouts)["root"]
+
+    continuous = _setup(dut, "continuous", return_delay=(0, 0))
+    bench.stop()
+    continuous.in_order = True
+    continuous.start()
+    for token in range(4 * cfg.max_inflight):
+        continuous.send(continuous.random_packet(token, all_leaves, cfg.max_flits))
+    await continuous.drain()
+    continuous.check()
+    continuous_rate = rate(continuous.root.sent_edges)
+    continuous.stop()
+
+    rates = {}
+    for clustered in (False, True):
+        placed = _setup(dut, f"placement{clustered}", return_delay=(0, 0))
+        placed.start()
+        masks = _placement_masks(placed, clustered)
+        for token, mask in enumerate(masks):
+            placed.send(placed.random_packet(token, mask, 1))
+        await placed.drain()
+        placed.check()
+        measured = sum(len(s.received) for s in placed.leaf_in) / len(masks)
+        assert measured == golden.replication(masks)
+        rates["r_clustered" if clustered else "r_round_robin"] = round(measured, 3)
+        placed.stop()
+    elapsed = time.perf_counter() - began
+    write_throughput(
+        {"burst_flits_per_cycle_root_leaf_combine": f"{dispatch_rate}/{rate(leaf_edges)}/"
+                                                    f"{combine_rate}",
+         "continuous_root_flits_per_cycle": round(continuous_rate, 3),
+         "dispatch_latency_cycles": latency,
+         "root_traffic_saved_x": round(saved, 2), **rates},
+        "flits per cycle on a link, cycles, root-link flits without/with in-network combine, "
+        "r (leaf copies per token) for round-robin vs clustered placement",
+        (edge_now() - cycles_before) / elapsed)

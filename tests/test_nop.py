@@ -1,0 +1,153 @@
+"""NoP switch and tree: golden model, placement flow, config validation, cocotb on both simulators."""
+
+import numpy as np
+import pytest
+
+from conftest import SIMULATORS, config_id, run_block
+from flows import placement
+from golden import nop as golden
+from golden import router as golden_router
+from hw.nop import NopConfig, NopSwitchConfig
+from hw.params import ParamError, parse_params
+
+SWITCH_CONFIGS = [
+    {},
+    # Odd fanout and lane count, single-flit capacity per slot, a small table.
+    {"fanout": 3, "lanes": 3, "data_width": 5, "acc_width": 7, "max_flits": 3, "max_inflight": 3},
+    # The widest switch: 16 children, one lane, two slots.
+    {"fanout": 16, "lanes": 1, "max_flits": 2, "max_inflight": 2, "token_width": 6},
+]
+TREE_CONFIGS = [
+    {},
+    # Non-uniform fanouts, one slot per switch (every token waits for the previous one).
+    {"fanouts": (2, 3), "lanes": 2, "max_flits": 2, "max_inflight": 1},
+    # Three levels.
+    {"fanouts": (2, 2, 2), "lanes": 1, "max_flits": 3, "max_inflight": 3},
+]
+SWEEP_TREE_CONFIGS = [
+    {"fanouts": (4, 16), "lanes": 2, "max_flits": 2, "max_inflight": 4},
+]
+
+
+def _packet(mask, flits, token=0):
+    return {"token": token, "mask": mask, "flits": [[1, 2]] * flits}
+
+
+def test_dedup_one_copy_per_child_subtree():
+    fanouts = (4, 4)
+    packets = [_packet(0b11, 2), _packet(1 << 15, 1), _packet(0xFFFF, 3)]
+    counts = golden.link_flits(packets, fanouts)
+    # Two leaves under child 0: one copy on its internal link, one per leaf link.
+    assert counts["root"] == 6
+    assert counts["internal"] == [2 + 3, 3, 3, 1 + 3]
+    assert counts["leaf"][:3] == [5, 5, 3] and counts["leaf"][15] == 4
+    assert golden.deliveries(packets, fanouts)[0] == [0, 2]
+
+
+def test_forwarding_cost_is_r_times_combine():
+    packets = [_packet(0b1011, 2), _packet(0b1, 2)]
+    assert golden.forwarding_root_flits(packets) == 3 * 2 + 1 * 2
+    assert golden.replication([p["mask"] for p in packets]) == 2.0
+
+
+def test_combine_sums_wrap_at_acc_width():
+    packets = [{"token": 1, "mask": 0b11, "flits": [[100]]}]
+    out = golden.combine(packets, lambda leaf, p: [[p["flits"][0][0] * (leaf + 1)]], 8)
+    assert out == [[[golden.wrap(300, 8)]]] and out[0][0][0] == 44
+
+
+def test_cycle_model_recursion():
+    # Two levels, leaves 0 and 5 return last flits at 10 and 14, 3-flit packets.
+    edge = golden.combine_first_edge(0b100001, {0: 10, 5: 14}, 3, (4, 4))
+    assert edge == (14 + golden.COMBINE_HOP_CYCLES) + 2 + golden.COMBINE_HOP_CYCLES
+    assert golden.dispatch_edges([3, 4], (4, 4)) == [5, 6]
+
+
+def test_router_rule_ties_and_groups():
+    scores = [5, 9, 9, 1, 7, 7, 0, 8]
+    assert golden_router.route(scores, 3) == ([1, 2, 7], [9, 9, 8])
+    # Groups of 2: sums 14, 10, 14, 8 -> keep groups 0 and 2 (tie to the lower index).
+    assert golden_router.group_scores(scores, 4) == [14, 10, 14, 8]
+    assert golden_router.route(scores, 3, groups=4, topk_groups=2) == ([1, 4, 5], [9, 7, 7])
+    assert golden_router.leaf_mask([1, 4, 5], [0, 3, 0, 0, 2, 2, 0, 0]) == 0b1100
+
+
+def test_load_and_coactivation_match_definitions():
+    trace = np.array([[0, 1], [0, 1], [2, 3], [0, 2]])
+    assert placement.load_vector(trace, 4).tolist() == [0.75, 0.5, 0.5, 0.25]
+    coact = placement.coactivation(trace, 4)
+    assert coact[0, 1] == 1.0 and coact[1, 0] == 1.0 and coact[2, 3] == 0.5
+    assert coact[0, 0] == 0 and coact.max() == 1.0
+
+
+def test_clusters_recover_planted_communities():
+    experts, leaves = 16, 4
+    trace = golden_router.synthetic_trace(2000, experts, 2, leaves, seed=3, affinity=1.0)
+    rng = np.random.default_rng(3)
+    planted = rng.permutation(experts).reshape(leaves, experts // leaves)
+    found = placement.cluster_experts(placement.coactivation(trace, experts), 4)
+    assert sorted(map(sorted, found)) == sorted(sorted(int(e) for e in c) for c in planted)
+
+
+def test_allocation_exact_and_heuristic():
+    loads = [8, 7, 6, 5, 4, 3, 2, 1]
+    assignment, method = placement.allocate_clusters(loads, 2)
+    assert method == "exact" and max(sum(loads[c] for c in g) for g in assignment) == 18
+    loads16 = list(range(16, 0, -1))
+    assignment, method = placement.allocate_clusters(loads16, 4)
+    assert method == "lpt+swap" and sorted(c for g in assignment for c in g) == list(range(16))
+    assert max(sum(loads16[c] for c in g) for g in assignment) == 34   # the optimum, 136/4
+
+
+def test_clustered_placement_lowers_r():
+    trace = golden_router.synthetic_trace(400, 64, 4, 16, seed=1)
+    result = placement.place(trace, 64, 16, 4)
+    assert sorted(result.expert_to_leaf) == sorted(list(range(16)) * 4)
+    clustered = golden.replication(golden_router.leaf_mask(t, result.expert_to_leaf) for t in trace)
+    rr_table = placement.round_robin(64, 16)
+    baseline = golden.replication(golden_router.leaf_mask(t, rr_table) for t in trace)
+    assert clustered < baseline <= 4 and result.imbalance >= 1.0
+
+
+@pytest.mark.parametrize("cls, kwargs, message", [
+    (NopSwitchConfig, {"fanout": 1}, "parameter 'fanout': got 1; allowed: an integer in 2..16"),
+    (NopSwitchConfig, {"fanout": 17}, "parameter 'fanout': got 17; allowed: an integer in 2..16"),
+    (NopSwitchConfig, {"max_inflight": 0},
+     "parameter 'max_inflight': got 0; allowed: an integer in 1..64"),
+    (NopConfig, {"fanouts": (4, 1)},
+     "parameter 'fanouts': got 4,1; allowed: 1..4 comma-separated integers, each in 2..16"),
+    (NopConfig, {"fanouts": (16, 8)},
+     "parameter 'fanouts': got 16,8; allowed: a product of at most 64 leaves (got 128)"),
+    (NopConfig, {"fanouts": (2, 2, 2, 2, 2)},
+     "parameter 'fanouts': got 2,2,2,2,2; allowed: 1..4 comma-separated integers, each in 2..16"),
+])
+def test_config_rejects_bad_values(cls, kwargs, message):
+    with pytest.raises(ParamError) as info:
+        cls(**kwargs)
+    assert str(info.value) == message
+
+
+def test_fanouts_from_the_command_line_and_manifest():
+    assert parse_params(NopConfig, ["fanouts=2,8"]).fanouts == (2, 8)
+    assert NopConfig(fanouts=[4, 4]) == NopConfig()        # JSON manifests store lists
+    with pytest.raises(ParamError, match="parameter 'fanouts': got '4,x'"):
+        parse_params(NopConfig, ["fanouts=4,x"])
+
+
+@pytest.mark.parametrize("simulator", SIMULATORS)
+@pytest.mark.parametrize("params", SWITCH_CONFIGS, ids=[config_id(p) for p in SWITCH_CONFIGS])
+def test_cocotb_switch(params, simulator):
+    assert run_block("nop_switch", params, simulator).tests == 11
+
+
+@pytest.mark.parametrize("simulator", SIMULATORS)
+@pytest.mark.parametrize("params", TREE_CONFIGS, ids=[config_id(p) for p in TREE_CONFIGS])
+def test_cocotb_tree(params, simulator):
+    assert run_block("nop_tree", params, simulator).tests == 11
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("simulator", SIMULATORS)
+@pytest.mark.parametrize("params", SWEEP_TREE_CONFIGS, ids=[config_id(p) for p in SWEEP_TREE_CONFIGS])
+def test_cocotb_tree_sweep(params, simulator):
+    run_block("nop_tree", params, simulator)
