@@ -116,14 +116,19 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
     if waves and simulator == "icarus":
         # cocotb's Icarus dump module honours this plusarg: one trace per run folder.
         plusargs.append(f"+dumpfile_path={test_dir / (block.name + '.fst')}")
-    results = runner.test(test_module=block.tb_module, hdl_toplevel_lang="verilog", hdl_toplevel=block.name,
-                          build_dir=build_dir, test_dir=test_dir,
+    results = runner.test(test_module=block.tb_module, hdl_toplevel_lang="verilog",
+                          hdl_toplevel=block.name, build_dir=build_dir, test_dir=test_dir,
                           plusargs=plusargs, timescale=TIMESCALE,
                           waves=waves, seed=seed, testcase=testcase,
                           results_xml=str(test_dir / "results.xml"),
                           log_file=test_dir / "sim.log" if quiet else None)
     done = time.monotonic()
-    tests, failed = get_results(Path(results))
+    try:
+        tests, failed = get_results(Path(results))
+    except RuntimeError:
+        # The simulator died before writing results (e.g. the test module did not import).
+        raise SimFailure(f"{block.name} on {simulator}: the simulation ended without results "
+                         f"(see the log in {test_dir})") from None
     result = SimResult(block.name, simulator, tests, failed, Path(results),
                        _find_waves(test_dir, simulator) if waves else None,
                        built - started, done - built)

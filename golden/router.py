@@ -16,7 +16,18 @@ Routing rule (DeepSeek-V3 node-limited routing, seed 003 §4.3, with integer sco
 
 import numpy as np
 
-__all__ = ["rank_order", "group_scores", "route", "leaf_mask", "synthetic_trace"]
+__all__ = ["rank_order", "group_scores", "route", "leaf_mask", "synthetic_trace",
+           "scores_for_trace", "pipeline_latency"]
+
+
+def pipeline_latency(k, groups, topk_groups):
+    """Edges from a score vector's transfer to its route's transfer (ready output).
+
+    Registers: input, then (with groups > 1) group top-1, group top-2 and one per kept group,
+    then one per chosen expert, then the output register; the route is taken one edge later.
+    """
+    group_stages = 2 + topk_groups if groups > 1 else 0
+    return 1 + group_stages + k + 1
 
 
 def rank_order(values, allowed=None):
@@ -98,3 +109,20 @@ def synthetic_trace(tokens, experts, k, clusters, seed, affinity=0.85, skew=1.0)
                 chosen.append(candidate)
         trace[token] = chosen
     return trace
+
+
+def scores_for_trace(trace, experts, score_width, seed):
+    """Score vectors whose plain top-k (no group limit) is each trace row, best first.
+
+    Chosen experts get the top scores in row order; the others get lower random scores (with
+    ties among themselves), so the router's choice is exactly the trace."""
+    rng = np.random.default_rng(seed)
+    top = (1 << score_width) - 1
+    k = np.asarray(trace).shape[1]
+    out = []
+    for row in np.asarray(trace):
+        scores = rng.integers(0, top - k + 1, size=experts)
+        for rank, expert in enumerate(row):
+            scores[expert] = top - rank
+        out.append([int(s) for s in scores])
+    return out

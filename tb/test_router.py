@@ -1,0 +1,216 @@
+"""cocotb tests of ``topk_router`` against ``golden.router``.
+
+Every route is compared, in order, with :func:`golden.router.route` on the same scores and the
+table as written; with a ready output each route leaves exactly ``pipeline_latency`` edges after
+its scores were taken.
+"""
+
+import time
+
+import cocotb
+from cocotb.triggers import ClockCycles
+
+from flows import placement
+from golden import nop as golden_nop
+from golden import router as golden
+from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.streams import StreamSink, StreamSource, edge_now, reset_dut, start_clock, wait_for
+
+STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (0.5, 0.5)]
+
+
+class RouterBench:
+    """Sources on ``scores`` and ``table``, a sink on ``route``, the golden expectations."""
+
+    def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
+        self.dut, self.cfg, self.rng = dut, config, rng
+        self.scores = StreamSource(dut, "scores", component.scores.payload.shape(), rng, gap)
+        self.table = StreamSource(dut, "table", component.table.payload.shape(), rng, 0.0)
+        self.routes = StreamSink(dut, "route", component.route.payload.shape(), rng, stall)
+        self.leaf_of = [0] * config.experts
+        self.expected = []
+
+    def start(self):
+        for port in (self.scores, self.table, self.routes):
+            port.start()
+
+    def stop(self):
+        for port in (self.scores, self.table, self.routes):
+            port.stop()
+
+    async def write_table(self, table):
+        """Write the whole expert-to-leaf table and wait until it is in."""
+        for expert, leaf in enumerate(table):
+            self.table.send({"expert": expert, "leaf": leaf})
+        self.leaf_of = list(table)
+        await wait_for(self.dut, lambda: self.table.idle, 10 * len(table) + 20, "table written")
+
+    def random_scores(self, tie_heavy=False):
+        top = (1 << self.cfg.score_width) - 1
+        if tie_heavy:       # few distinct values: ties between experts and between groups
+            values = [self.rng.randint(0, top) for _ in range(3)]
+            return [self.rng.choice(values) for _ in range(self.cfg.experts)]
+        return [self.rng.randint(0, top) for _ in range(self.cfg.experts)]
+
+    def send(self, scores, token):
+        cfg = self.cfg
+        token %= 1 << cfg.token_width
+        self.scores.send({"token": token, "score": scores})
+        experts, chosen = golden.route(scores, cfg.k, cfg.groups, cfg.topk_groups)
+        self.expected.append((token, experts, chosen, golden.leaf_mask(experts, self.leaf_of)))
+
+    async def drain(self):
+        await wait_for(self.dut, lambda: len(self.routes.received) == len(self.expected),
+                       40 * len(self.expected) + 100, "every route out")
+        await ClockCycles(self.dut.clk, 5)
+
+    def check(self):
+        got = [(int(r.token), [int(x) for x in r.expert], [int(x) for x in r.score], int(r.mask))
+               for _, r in self.routes.received]
+        assert len(got) == len(self.expected), f"{len(got)} routes, expected {len(self.expected)}"
+        for index, (have, want) in enumerate(zip(got, self.expected)):
+            assert have == want, f"route {index}: got {have}, expected {want}"
+
+
+def _setup(dut, salt, **kwargs):
+    _, config, component = load_dut_config()
+    return RouterBench(dut, config, component, make_rng(salt), **kwargs)
+
+
+def _random_table(bench):
+    return [bench.rng.randrange(bench.cfg.leaves) for _ in range(bench.cfg.experts)]
+
+
+async def _random_routes(dut, gap, stall, salt):
+    bench = _setup(dut, salt, gap=gap, stall=stall)
+    start_clock(dut)
+    await reset_dut(dut)
+    bench.start()
+    await bench.write_table(_random_table(bench))
+    for token in range(80):
+        bench.send(bench.random_scores(tie_heavy=token % 2 == 0), token)
+    await bench.drain()
+    bench.check()
+    if gap == 0.0 and stall == 0.0:
+        # Cycle-exact: one token per cycle, each route exactly `latency` edges after its scores.
+        sent = bench.scores.sent_edges
+        assert sent == list(range(sent[0], sent[0] + len(sent)))
+        assert [e for e, _ in bench.routes.received] == [e + bench.cfg.latency for e in sent]
+    bench.stop()
+
+
+for _index, (_gap, _stall) in enumerate(STALL_PROFILES):
+    async def _profile(dut, gap=_gap, stall=_stall, index=_index):
+        await _random_routes(dut, gap, stall, f"random{index}")
+    _profile.__name__ = f"test_routes_gap{int(_gap * 100)}_stall{int(_stall * 100)}"
+    _profile.__qualname__ = _profile.__name__
+    _profile.__doc__ = ("Random and tie-heavy scores under valid gaps and ready stalls: every "
+                        "route equals the golden rule, in order; cycle-exact without stalls.")
+    globals()[_profile.__name__] = cocotb.test()(_profile)
+
+
+@cocotb.test()
+async def test_extremes_and_all_equal(dut):
+    """All scores equal (every tie goes to the lowest indices), all zero, all maximal, one hot."""
+    bench = _setup(dut, "extremes")
+    start_clock(dut)
+    await reset_dut(dut)
+    bench.start()
+    await bench.write_table(_random_table(bench))
+    E, top = bench.cfg.experts, (1 << bench.cfg.score_width) - 1
+    vectors = [[0] * E, [top] * E, [5 % (top + 1)] * E,
+               [top if e == E - 1 else 0 for e in range(E)],
+               [e % (top + 1) for e in range(E)], [(E - e) % (top + 1) for e in range(E)]]
+    for token, scores in enumerate(vectors):
+        bench.send(scores, token)
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_table_rewrite_between_tokens(dut):
+    """Routes use the table as written before them; rewriting it redirects later tokens."""
+    bench = _setup(dut, "table")
+    start_clock(dut)
+    await reset_dut(dut)
+    bench.start()
+    for round_ in range(3):
+        await bench.write_table(_random_table(bench))
+        for token in range(10):
+            bench.send(bench.random_scores(), 10 * round_ + token)
+        await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_reset_mid_stream(dut):
+    """Reset with tokens in the pipeline: nothing comes out afterwards but new routes."""
+    bench = _setup(dut, "reset", gap=0.2, stall=0.3)
+    start_clock(dut)
+    await reset_dut(dut)
+    bench.start()
+    await bench.write_table(_random_table(bench))
+    for token in range(12):
+        bench.send(bench.random_scores(), token)
+    await ClockCycles(dut.clk, 5)
+    bench.stop()
+    await reset_dut(dut)
+    bench = _setup(dut, "after-reset", gap=0.2, stall=0.3)
+    bench.start()
+    await bench.write_table(_random_table(bench))
+    for token in range(20):
+        bench.send(bench.random_scores(), token)
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_throughput(dut):
+    """Tokens per cycle and latency at saturation, and r of a synthetic trace routed by the RTL
+    with round-robin and clustered expert-to-leaf tables."""
+    bench = _setup(dut, "throughput")
+    cfg = bench.cfg
+    start_clock(dut)
+    await reset_dut(dut)
+    bench.start()
+    began, cycles_before = time.perf_counter(), edge_now()
+    await bench.write_table(_random_table(bench))
+    for token in range(64):
+        bench.send(bench.random_scores(), token)
+    await bench.drain()
+    bench.check()
+    out_edges = [e for e, _ in bench.routes.received]
+    rate = len(out_edges) / (out_edges[-1] - out_edges[0] + 1)
+    latency = out_edges[0] - bench.scores.sent_edges[0]
+    assert rate == 1.0 and latency == cfg.latency
+    figures = {"tokens_per_cycle": rate, "latency_cycles": latency}
+    figures.update(await _replication(bench))
+    write_throughput(figures, "routes per cycle, cycles; r = leaf copies per token of a "
+                     "synthetic trace (round-robin vs clustered table)",
+                     (edge_now() - cycles_before) / (time.perf_counter() - began))
+
+
+async def _replication(bench):
+    """r of the trace's routes under both tables (every route checked against the golden rule;
+    without a group limit the routes are the trace itself). Needs one cluster per leaf."""
+    cfg = bench.cfg
+    if cfg.experts % cfg.leaves or (1 << cfg.score_width) <= cfg.k:
+        return {}
+    trace = golden.synthetic_trace(64, cfg.experts, cfg.k, cfg.leaves, seed=5)
+    scores = golden.scores_for_trace(trace, cfg.experts, cfg.score_width, seed=6)
+    groups = next(g for g in (4, 2, 1) if cfg.leaves % g == 0)
+    out = {}
+    for name, table in (("r_round_robin", placement.round_robin(cfg.experts, cfg.leaves)),
+                        ("r_clustered", placement.place(trace, cfg.experts, cfg.leaves,
+                                                        groups).expert_to_leaf)):
+        await bench.write_table(table)
+        start = len(bench.routes.received)
+        for token, vector in enumerate(scores):
+            bench.send(vector, token)
+        await bench.drain()
+        bench.check()
+        masks = [int(r.mask) for _, r in bench.routes.received[start:]]
+        if cfg.groups == 1:
+            assert masks == [golden.leaf_mask(row, table) for row in trace]
+        out[name] = round(golden_nop.replication(masks), 3)
+    return out

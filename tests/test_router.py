@@ -1,0 +1,71 @@
+"""topk_router: config validation and cocotb on both simulators (golden rule tests are in
+tests/test_nop.py next to the placement flow that uses them)."""
+
+import pytest
+
+from conftest import SIMULATORS, config_id, run_block
+from golden import router as golden
+from hw.params import ParamError
+from hw.router import RouterConfig
+
+SIM_CONFIGS = [
+    # Default: 32 experts in 4 groups, 2 groups kept, top-4, 16 leaves (DeepSeek-V3 style).
+    {},
+    # No group limit, odd sizes, 3-bit scores (ties everywhere), k = E.
+    {"experts": 6, "k": 6, "score_width": 3, "groups": 1, "topk_groups": 1, "leaves": 3},
+    # Three groups of 4, two kept, top-3 of 12, 4-bit scores (group ties too).
+    {"experts": 12, "k": 3, "score_width": 4, "groups": 3, "topk_groups": 2, "leaves": 4},
+    # Groups of one expert: the group score is the expert's score.
+    {"experts": 16, "k": 2, "score_width": 5, "groups": 16, "topk_groups": 2, "leaves": 5},
+]
+
+
+def test_latency_counts_the_stages():
+    assert golden.pipeline_latency(8, 8, 4) == 1 + 6 + 8 + 1
+    assert golden.pipeline_latency(2, 1, 1) == 1 + 2 + 1
+
+
+def test_single_expert_groups_rank_by_score():
+    scores = [3, 9, 9, 4]
+    assert golden.group_scores(scores, 4) == [3, 9, 9, 4]
+    assert golden.route(scores, 2, groups=4, topk_groups=2) == ([1, 2], [9, 9])
+
+
+def test_scores_for_trace_reproduce_the_trace():
+    trace = golden.synthetic_trace(20, 16, 3, 4, seed=2)
+    for row, scores in zip(trace, golden.scores_for_trace(trace, 16, 8, seed=1)):
+        assert golden.route(scores, 3)[0] == list(row)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"experts": 65}, "parameter 'experts': got 65; allowed: an integer in 2..64"),
+    ({"k": 9}, "parameter 'k': got 9; allowed: an integer in 1..8"),
+    ({"experts": 4, "k": 5, "groups": 1, "topk_groups": 1},
+     "parameter 'k': got 5; allowed: an integer in 1..experts (4)"),
+    ({"groups": 7}, "parameter 'groups': got 7; allowed: a divisor of experts (32)"),
+    ({"topk_groups": 5}, "parameter 'topk_groups': got 5; allowed: an integer in 1..groups (4)"),
+    # One kept group of 2 experts cannot supply 4.
+    ({"groups": 16, "topk_groups": 1},
+     "parameter 'k': got 4; allowed: an integer in 1..topk_groups*experts/groups (2)"),
+])
+def test_config_rejects_bad_values(kwargs, message):
+    with pytest.raises(ParamError) as info:
+        RouterConfig(**kwargs)
+    assert str(info.value) == message
+
+
+# The largest router: its Verilator build alone takes about 8 minutes on 2 cores.
+SWEEP_CONFIGS = [{"experts": 64, "k": 8, "groups": 8, "topk_groups": 4}]
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("simulator", SIMULATORS)
+@pytest.mark.parametrize("params", SWEEP_CONFIGS, ids=[config_id(p) for p in SWEEP_CONFIGS])
+def test_cocotb_sweep(params, simulator):
+    assert run_block("topk_router", params, simulator).tests == 8
+
+
+@pytest.mark.parametrize("simulator", SIMULATORS)
+@pytest.mark.parametrize("params", SIM_CONFIGS, ids=[config_id(p) for p in SIM_CONFIGS])
+def test_cocotb(params, simulator):
+    assert run_block("topk_router", params, simulator).tests == 8
