@@ -17,6 +17,7 @@ from flows.synth import synthesize
 from flows.toolchain import BUILD_ROOT
 from flows.verilog import generate
 from tb.harness import THROUGHPUT_FILE
+from hw.params import format_value
 from hw.registry import all_blocks
 
 __all__ = ["run_bench", "run_demo", "demo_configurations"]
@@ -28,7 +29,7 @@ def demo_configurations():
     for block in all_blocks():
         for params in block.demo_configs:
             config = block.config(**params)
-            label = " ".join(f"{k}={v}" for k, v in params.items())
+            label = " ".join(f"{k}={format_value(v)}" for k, v in params.items())
             out.append((block, config, label))
     return out
 

@@ -63,13 +63,17 @@ def manifest(block, config, component):
             raise TypeError(f"port {name}: only plain ports and streams are described")
         producer = member.flow == wiring.Out
         layout = members["payload"].shape
-        ports += [
-            {"name": f"{name}__valid", "direction": "out" if producer else "in", "width": 1},
-            {"name": f"{name}__ready", "direction": "in" if producer else "out", "width": 1},
-            {"name": f"{name}__payload", "direction": "out" if producer else "in",
-             "width": _width(layout),
-             "fields": _fields(layout) if isinstance(layout, data.Layout) else []},
-        ]
+        # An array of streams (``Out(sig).array(n)``) flattens to ``name__<i>__valid`` etc.
+        names = [f"{name}__{i}" for i in range(member.dimensions[0])] if member.dimensions \
+            else [name]
+        for port in names:
+            ports += [
+                {"name": f"{port}__valid", "direction": "out" if producer else "in", "width": 1},
+                {"name": f"{port}__ready", "direction": "in" if producer else "out", "width": 1},
+                {"name": f"{port}__payload", "direction": "out" if producer else "in",
+                 "width": _width(layout),
+                 "fields": _fields(layout) if isinstance(layout, data.Layout) else []},
+            ]
     return {
         "block": block.name,
         "family": block.family,

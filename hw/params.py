@@ -11,7 +11,12 @@ exactly once.
 import dataclasses
 
 __all__ = ["ParamError", "int_param", "choice_param", "int_list_param", "validate", "describe",
-           "parse_params"]
+           "parse_params", "format_value"]
+
+
+def format_value(value):
+    """A parameter value as written on the command line (``4,4`` for a tuple)."""
+    return ",".join(str(v) for v in value) if isinstance(value, (tuple, list)) else str(value)
 
 
 class ParamError(ValueError):
@@ -90,7 +95,7 @@ def validate(config):
 
 def describe(config_cls):
     """Rows of ``(name, default, allowed, doc)`` for every parameter of ``config_cls``."""
-    return [(f.name, f.default, f.metadata["allowed"], f.metadata["doc"])
+    return [(f.name, format_value(f.default), f.metadata["allowed"], f.metadata["doc"])
             for f in dataclasses.fields(config_cls)]
 
 

@@ -3,6 +3,7 @@
 import pytest
 
 from flows.sim import run_tests
+from hw.params import format_value
 from hw.registry import get_block
 
 SIMULATORS = ("icarus", "verilator")
@@ -21,7 +22,7 @@ def run_block(block_name, params, simulator, **kwargs):
 
 
 def config_id(params):
-    return "-".join(f"{k}{v}" for k, v in params.items()) or "defaults"
+    return "-".join(f"{k}{format_value(v)}" for k, v in params.items()) or "defaults"
 
 
 @pytest.fixture(params=SIMULATORS)

@@ -151,3 +151,18 @@ def test_cocotb_tree(params, simulator):
 @pytest.mark.parametrize("params", SWEEP_TREE_CONFIGS, ids=[config_id(p) for p in SWEEP_TREE_CONFIGS])
 def test_cocotb_tree_sweep(params, simulator):
     run_block("nop_tree", params, simulator)
+
+
+def test_manifest_lists_every_port_of_the_verilog_top(tmp_path):
+    import re
+
+    from flows.verilog import generate
+    from hw.registry import get_block
+    block = get_block("nop_tree")
+    v_path, _, info = generate(block, NopConfig(fanouts=(2, 3)), tmp_path)
+    text = v_path.read_text()
+    top = text[text.index("module nop_tree"):]
+    top = top[:top.index("endmodule")]
+    declared = set(re.findall(r"(?:input|output)\s+(?:\[\d+:0\]\s+)?(\S+);", top))
+    assert {p["name"] for p in info["ports"]} == declared
+    assert "up_in__5__payload" in declared and "down_link_fire" in declared
