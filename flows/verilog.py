@@ -99,13 +99,14 @@ def write_if_changed(path, text):
 # Yosys puts a dummy reg, initialized to 0, into the sensitivity list of every `always @*` so the
 # block runs once at start-up. Icarus 11 applies declaration initializers without an event, so
 # a combinational block whose real inputs never change (e.g. a priority pick over registers that
-# stay at their reset value) keeps X forever. Toggling the dummy at time 0 runs each block once.
+# stay at their reset value) keeps X forever. Toggling the dummy at time 0 runs each block once;
+# only under Icarus (`__ICARUS__`), so Verilator and Yosys read the Verilog Yosys wrote.
 _DUMMY_REG = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\.cc:\d+:dump_module\$\d+) += 0;$",
                         re.MULTILINE)
 
 
 def _settle_at_time_zero(text):
-    return _DUMMY_REG.sub(lambda m: (f"{m.group(0)}\n{m.group(1)}`ifndef VERILATOR\n"
+    return _DUMMY_REG.sub(lambda m: (f"{m.group(0)}\n{m.group(1)}`ifdef __ICARUS__\n"
                                      f"{m.group(1)}initial #0 {m.group(2)} = 1'h1;\n"
                                      f"{m.group(1)}`endif"), text)
 
