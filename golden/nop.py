@@ -97,7 +97,8 @@ def combine(packets, leaf_output, acc_width):
     """
     out = []
     for packet in packets:
-        leaves = [leaf for leaf in range(packet["mask"].bit_length()) if (packet["mask"] >> leaf) & 1]
+        mask = packet["mask"]
+        leaves = [leaf for leaf in range(mask.bit_length()) if (mask >> leaf) & 1]
         total = np.zeros((len(packet["flits"]), len(packet["flits"][0])), dtype=object)
         for leaf in leaves:
             total = total + np.array(leaf_output(leaf, packet), dtype=object)

@@ -34,23 +34,13 @@ from golden import nop as golden
 from hw.params import ParamError, int_list_param, int_param, validate
 from hw.registry import Block, register
 
-__all__ = ["NopConfig", "NopSwitchConfig", "NopSwitch", "NopTree", "down_layout", "up_layout"]
+__all__ = ["FlitParams", "NopConfig", "NopSwitchConfig", "NopSwitch", "NopTree", "down_layout",
+           "up_layout"]
 
 MAX_LEAVES = 64
 
 
-def _common_fields():
-    return {
-        "lanes": int_param(4, 1, 64, "data elements per flit"),
-        "data_width": int_param(8, 1, 32, "bits per dispatched element (signed)"),
-        "acc_width": int_param(16, 2, 48, "bits per combined element (signed, wrapping)"),
-        "token_width": int_param(8, 1, 16, "bits of the token id"),
-        "max_flits": int_param(4, 1, 64, "P, longest packet in flits"),
-        "max_inflight": int_param(4, 1, 64, "tokens a switch tracks between dispatch and combine"),
-    }
-
-
-def _check_leaves(config, fanouts):
+def _check_leaves(fanouts):
     leaves = math.prod(fanouts)
     if leaves > MAX_LEAVES:
         raise ParamError(f"parameter 'fanouts': got {','.join(map(str, fanouts))}; allowed: a "
@@ -58,16 +48,44 @@ def _check_leaves(config, fanouts):
 
 
 @dataclasses.dataclass(frozen=True)
-class NopConfig:
-    """Parameters of ``nop_tree``.
+class FlitParams:
+    """Flit shape and tracking capacity, the same for every switch of a tree.
+
+    Parameters
+    ----------
+    lanes : int
+        Data elements per flit (1..64).
+    data_width : int
+        Bits of a dispatched element, signed (1..32).
+    acc_width : int
+        Bits of a combined element, signed, wrapping (2..48).
+    token_width : int
+        Bits of the token id (1..16).
+    max_flits : int
+        P, the longest packet in flits (1..64).
+    max_inflight : int
+        Tokens a switch tracks between dispatch and combine (1..64).
+    """
+    lanes: int = int_param(4, 1, 64, "data elements per flit")
+    data_width: int = int_param(8, 1, 32, "bits per dispatched element (signed)")
+    acc_width: int = int_param(16, 2, 48, "bits per combined element (signed, wrapping)")
+    token_width: int = int_param(8, 1, 16, "bits of the token id")
+    max_flits: int = int_param(4, 1, 64, "P, longest packet in flits")
+    max_inflight: int = int_param(4, 1, 64, "tokens a switch tracks between dispatch and combine")
+
+    def __post_init__(self):
+        validate(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class NopConfig(FlitParams):
+    """Parameters of ``nop_tree``: :class:`FlitParams` and
 
     Parameters
     ----------
     fanouts : tuple of int
         Children per switch, root level first (each 2..16, 1..4 levels, at most 64 leaves).
         ``(4, 4)``: a root switch over 4 group switches of 4 leaves each.
-    lanes, data_width, acc_width, token_width, max_flits, max_inflight : int
-        Flit shape and tracking capacity, the same for every switch; see the README.
 
     Raises
     ------
@@ -75,16 +93,10 @@ class NopConfig:
         On any value out of range.
     """
     fanouts: tuple = int_list_param((4, 4), 2, 16, 4, "children per switch, root level first")
-    lanes: int = _common_fields()["lanes"]
-    data_width: int = _common_fields()["data_width"]
-    acc_width: int = _common_fields()["acc_width"]
-    token_width: int = _common_fields()["token_width"]
-    max_flits: int = _common_fields()["max_flits"]
-    max_inflight: int = _common_fields()["max_inflight"]
 
     def __post_init__(self):
         validate(self)
-        _check_leaves(self, self.fanouts)
+        _check_leaves(self.fanouts)
 
     @property
     def leaves(self):
@@ -92,26 +104,16 @@ class NopConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class NopSwitchConfig:
-    """Parameters of ``nop_switch``: one switch whose children are the leaves.
+class NopSwitchConfig(FlitParams):
+    """Parameters of ``nop_switch`` (one switch whose children are the leaves):
+    :class:`FlitParams` and
 
     Parameters
     ----------
     fanout : int
         F, child sides (2..16).
-    lanes, data_width, acc_width, token_width, max_flits, max_inflight : int
-        As for :class:`NopConfig`.
     """
     fanout: int = int_param(4, 2, 16, "F, child sides")
-    lanes: int = _common_fields()["lanes"]
-    data_width: int = _common_fields()["data_width"]
-    acc_width: int = _common_fields()["acc_width"]
-    token_width: int = _common_fields()["token_width"]
-    max_flits: int = _common_fields()["max_flits"]
-    max_inflight: int = _common_fields()["max_inflight"]
-
-    def __post_init__(self):
-        validate(self)
 
     @property
     def fanouts(self):

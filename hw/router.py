@@ -235,7 +235,8 @@ class TopKRouter(wiring.Component):
             onehot = Signal(E, name=f"expert{pick}_onehot")
             m.d.comb += onehot.eq(1 << best)
             index_regs = [Signal(ceil_log2(E), name=f"x{pick}_id{i}") for i in range(pick + 1)]
-            score_regs = [Signal(cfg.score_width, name=f"x{pick}_score{i}") for i in range(pick + 1)]
+            score_regs = [Signal(cfg.score_width, name=f"x{pick}_score{i}")
+                          for i in range(pick + 1)]
             with m.If(enable):
                 m.d.sync += [r.eq(v) for r, v in zip(index_regs, chosen_index + [best])]
                 m.d.sync += [r.eq(v) for r, v in zip(score_regs, chosen_score + [value])]

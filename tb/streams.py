@@ -16,8 +16,8 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 from cocotb.utils import get_sim_time
 
-__all__ = ["CLOCK_PERIOD_NS", "start_clock", "reset_dut", "edge_now", "StreamSource",
-           "StreamSink", "InOrderScoreboard", "wait_for"]
+__all__ = ["CLOCK_PERIOD_NS", "start_clock", "reset_dut", "start_after_reset", "edge_now",
+           "StreamSource", "StreamSink", "InOrderScoreboard", "wait_for"]
 
 CLOCK_PERIOD_NS = 10
 
@@ -37,6 +37,13 @@ async def reset_dut(dut, cycles=2):
     dut.rst.value = 1
     await ClockCycles(dut.clk, cycles)
     dut.rst.value = 0
+
+
+async def start_after_reset(dut, bench):
+    """Start the clock, reset, then ``bench.start()`` (the usual opening of a test)."""
+    start_clock(dut)
+    await reset_dut(dut)
+    bench.start()
 
 
 def _read_bits(handle):

@@ -17,7 +17,8 @@ from flows import placement
 from golden import nop as golden
 from golden import router as golden_router
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import StreamSink, StreamSource, edge_now, reset_dut, start_clock, wait_for
+from tb.streams import (StreamSink, StreamSource, edge_now, reset_dut, start_after_reset,
+                        start_clock, wait_for)
 
 STALL_PROFILES = [(0.0, 0.0), (0.4, 0.0), (0.0, 0.5), (0.5, 0.5)]
 TRACE_K = 2          # experts per token of the synthetic placement trace
@@ -199,9 +200,7 @@ async def test_dispatch_cycle_exact(dut):
     """No stalls: every flit reaches its leaves exactly depth hops after the root took it, the
     root takes one flit per cycle, and each packet reaches each destination leaf once."""
     bench = _setup(dut, "exact", return_delay=(0, 0))
-    start_clock(dut)
-    await reset_dut(dut)
-    bench.start()
+    await start_after_reset(dut, bench)
     token = 0
     for mask in _special_masks(bench):
         for flits in (1, bench.cfg.max_flits):
@@ -227,9 +226,7 @@ async def test_combine_latency_one_token_at_a_time(dut):
     """One token in flight: the combined packet leaves the root at the golden edge (each switch
     emits COMBINE_HOP_CYCLES after its last owed child's last flit)."""
     bench = _setup(dut, "latency", return_delay=(0, 5))
-    start_clock(dut)
-    await reset_dut(dut)
-    bench.start()
+    await start_after_reset(dut, bench)
     masks = _special_masks(bench) + [bench.rng.randint(1, (1 << bench.leaves) - 1)
                                      for _ in range(4)]
     for token, mask in enumerate(masks):
@@ -247,9 +244,7 @@ async def test_combine_latency_one_token_at_a_time(dut):
 
 async def _random_traffic(dut, gap, stall, salt, count=60):
     bench = _setup(dut, salt, gap=gap, stall=stall, return_delay=(0, 12))
-    start_clock(dut)
-    await reset_dut(dut)
-    bench.start()
+    await start_after_reset(dut, bench)
     for token in range(count):
         bench.send(bench.random_packet(token))
     await bench.drain(max_cycles=40000)
@@ -309,9 +304,7 @@ async def test_repeated_token_waits(dut):
 async def test_reset_mid_packet(dut):
     """Reset while packets are in the tree; afterwards traffic is exact again."""
     bench = _setup(dut, "reset", gap=0.2, stall=0.2)
-    start_clock(dut)
-    await reset_dut(dut)
-    bench.start()
+    await start_after_reset(dut, bench)
     for token in range(6):
         bench.send(bench.random_packet(token, flits=bench.cfg.max_flits))
     await ClockCycles(dut.clk, 3 + bench.cfg.max_flits)
@@ -330,9 +323,7 @@ async def test_protocol_misuse_sets_sticky_error(dut):
     """A packet with an empty mask is consumed and dropped; a return for a token nobody owes is
     dropped; both raise the sticky error, and the tree keeps working."""
     bench = _setup(dut, "misuse")
-    start_clock(dut)
-    await reset_dut(dut)
-    bench.start()
+    await start_after_reset(dut, bench)
     bench.root.send({"token": 1, "mask": 0, "data": [0] * bench.cfg.lanes, "last": 1})
     await wait_for(dut, lambda: bench.root.idle, 100, "empty-mask packet consumed")
     await ClockCycles(dut.clk, 3)

@@ -14,7 +14,7 @@ from flows import placement
 from golden import nop as golden_nop
 from golden import router as golden
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import StreamSink, StreamSource, edge_now, reset_dut, start_clock, wait_for
+from tb.streams import StreamSink, StreamSource, edge_now, reset_dut, start_after_reset, wait_for
 
 STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (0.5, 0.5)]
 
@@ -83,9 +83,7 @@ def _random_table(bench):
 
 async def _random_routes(dut, gap, stall, salt):
     bench = _setup(dut, salt, gap=gap, stall=stall)
-    start_clock(dut)
-    await reset_dut(dut)
-    bench.start()
+    await start_after_reset(dut, bench)
     await bench.write_table(_random_table(bench))
     for token in range(80):
         bench.send(bench.random_scores(tie_heavy=token % 2 == 0), token)
@@ -113,9 +111,7 @@ for _index, (_gap, _stall) in enumerate(STALL_PROFILES):
 async def test_extremes_and_all_equal(dut):
     """All scores equal (every tie goes to the lowest indices), all zero, all maximal, one hot."""
     bench = _setup(dut, "extremes")
-    start_clock(dut)
-    await reset_dut(dut)
-    bench.start()
+    await start_after_reset(dut, bench)
     await bench.write_table(_random_table(bench))
     E, top = bench.cfg.experts, (1 << bench.cfg.score_width) - 1
     vectors = [[0] * E, [top] * E, [5 % (top + 1)] * E,
@@ -131,9 +127,7 @@ async def test_extremes_and_all_equal(dut):
 async def test_table_rewrite_between_tokens(dut):
     """Routes use the table as written before them; rewriting it redirects later tokens."""
     bench = _setup(dut, "table")
-    start_clock(dut)
-    await reset_dut(dut)
-    bench.start()
+    await start_after_reset(dut, bench)
     for round_ in range(3):
         await bench.write_table(_random_table(bench))
         for token in range(10):
@@ -146,9 +140,7 @@ async def test_table_rewrite_between_tokens(dut):
 async def test_reset_mid_stream(dut):
     """Reset with tokens in the pipeline: nothing comes out afterwards but new routes."""
     bench = _setup(dut, "reset", gap=0.2, stall=0.3)
-    start_clock(dut)
-    await reset_dut(dut)
-    bench.start()
+    await start_after_reset(dut, bench)
     await bench.write_table(_random_table(bench))
     for token in range(12):
         bench.send(bench.random_scores(), token)
@@ -170,9 +162,7 @@ async def test_throughput(dut):
     with round-robin and clustered expert-to-leaf tables."""
     bench = _setup(dut, "throughput")
     cfg = bench.cfg
-    start_clock(dut)
-    await reset_dut(dut)
-    bench.start()
+    await start_after_reset(dut, bench)
     began, cycles_before = time.perf_counter(), edge_now()
     await bench.write_table(_random_table(bench))
     for token in range(64):

@@ -1,4 +1,5 @@
-"""NoP switch and tree: golden model, placement flow, config validation, cocotb on both simulators."""
+"""NoP switch and tree: golden model, placement flow, config validation, cocotb on both
+simulators."""
 
 import numpy as np
 import pytest
@@ -148,7 +149,8 @@ def test_cocotb_tree(params, simulator):
 
 @pytest.mark.sweep
 @pytest.mark.parametrize("simulator", SIMULATORS)
-@pytest.mark.parametrize("params", SWEEP_TREE_CONFIGS, ids=[config_id(p) for p in SWEEP_TREE_CONFIGS])
+@pytest.mark.parametrize("params", SWEEP_TREE_CONFIGS,
+                         ids=[config_id(p) for p in SWEEP_TREE_CONFIGS])
 def test_cocotb_tree_sweep(params, simulator):
     run_block("nop_tree", params, simulator)
 
