@@ -99,9 +99,9 @@ def run_demo():
     print("systolic: cycles for 32 jobs of K=R (ideal = one MAC per PE per cycle); "
           "pmu: read accesses per cycle, pattern/mapping")
     print("nop_switch/nop_tree: flits per cycle per link (burst root/leaf/combine, continuous "
-          "root), hop latency, root-link flits saved by in-network combine (forwarding every "
-          "leaf's return / combined), r = leaf copies per token of a synthetic top-2 trace, "
-          "round-robin vs clustered placement; topk_router: routes per cycle, latency, r of a "
-          "top-8 trace routed by the RTL")
+          "root), hop latency, r = leaf copies per token of a synthetic top-2 trace, "
+          "round-robin vs clustered placement, root-link flits per token forwarding every "
+          "expert / every leaf / in-network combine; topk_router: routes per cycle, latency, r of a "
+          "top-k trace routed by the RTL")
     print(f"Verilog, manifests and synthesis reports: {BUILD_ROOT / 'demo'}")
     return status
