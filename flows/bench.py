@@ -101,7 +101,7 @@ def run_demo():
     print("nop_switch/nop_tree: flits per cycle per link (burst root/leaf/combine, continuous "
           "root), hop latency, r = leaf copies per token of a synthetic top-2 trace, "
           "round-robin vs clustered placement, root-link flits per token forwarding every "
-          "expert / every leaf / in-network combine; topk_router: routes per cycle, latency, r of a "
-          "top-k trace routed by the RTL")
+          "expert / every leaf / in-network combine; topk_router: routes per cycle, latency, "
+          "r of a top-k trace routed by the RTL")
     print(f"Verilog, manifests and synthesis reports: {BUILD_ROOT / 'demo'}")
     return status
