@@ -71,7 +71,8 @@ class FlitParams:
     acc_width: int = int_param(16, 2, 48, "bits per combined element (signed, wrapping)")
     token_width: int = int_param(8, 1, 16, "bits of the token id")
     max_flits: int = int_param(4, 1, 64, "P, longest packet in flits")
-    max_inflight: int = int_param(4, 1, 64, "tokens a switch tracks between dispatch and combine")
+    # 6 slots x 4 flits cover the default 2-level tree's round trip (19 cycles): 1 flit/cycle.
+    max_inflight: int = int_param(6, 1, 64, "tokens a switch tracks between dispatch and combine")
 
     def __post_init__(self):
         validate(self)

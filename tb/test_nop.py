@@ -407,6 +407,13 @@ async def test_throughput(dut):
     await continuous.drain()
     continuous.check()
     continuous_rate = rate(continuous.root.sent_edges)
+    # Round trip of the first token: its first flit in at the root to its last combined flit out
+    # (its slot frees one cycle earlier). One packet enters per max_flits cycles, so slots for
+    # round_trip cycles' worth of packets keep the root busy (Little's law).
+    round_trip = (continuous.combined.received[cfg.max_flits - 1][0]
+                  - continuous.root.sent_edges[0] + 1)
+    if cfg.max_inflight * cfg.max_flits >= round_trip:
+        assert continuous_rate == 1.0, (continuous_rate, round_trip)
     continuous.stop()
 
     rates = {}
@@ -435,6 +442,7 @@ async def test_throughput(dut):
         {"burst_flits_per_cycle_root_leaf_combine": f"{dispatch_rate}/{rate(leaf_edges)}/"
                                                     f"{combine_rate}",
          "continuous_root_flits_per_cycle": round(continuous_rate, 3),
+         "round_trip_cycles": round_trip,
          "dispatch_latency_cycles": latency,
          **rates},
         "flits per cycle on a link, cycles, r (leaf copies per token) for round-robin vs "
