@@ -24,7 +24,7 @@ towards the leaves) and ``up`` (combine, towards the root).
 import dataclasses
 import math
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -154,19 +154,25 @@ def _ports(config, children):
     }
 
 
-def _round_robin_pick(m, requests, pointer, name):
-    """Index of the first set bit of ``requests`` at or after ``pointer`` (wrapping), and "any".
+def _lowest_set(m, bits, name):
+    """Index of the lowest set bit of ``bits`` (0 when none).
 
-    Hand-written: amaranth.lib has no arbiter. Later assignments win in Amaranth, so the loops
-    run from the lowest priority to the highest."""
-    count = len(requests)
-    pick = Signal(range(count), name=f"{name}_pick")
-    for index in reversed(range(count)):
-        with m.If(requests[index]):
-            m.d.comb += pick.eq(index)
-    for index in reversed(range(count)):
-        with m.If(requests[index] & (index >= pointer)):
-            m.d.comb += pick.eq(index)
+    Hand-written: amaranth.lib has no priority encoder or arbiter in 0.5 (lib.coding is
+    deprecated). Later assignments win, so the loop runs from the highest index down."""
+    index = Signal(range(len(bits)), name=name)
+    for position in reversed(range(len(bits))):
+        with m.If(bits[position]):
+            m.d.comb += index.eq(position)
+    return index
+
+
+def _round_robin_pick(m, requests, pointer, name):
+    """Index of the first set bit of ``requests`` at or after ``pointer`` (wrapping), and "any"."""
+    at_or_after = Signal(len(requests), name=f"{name}_at_or_after")
+    m.d.comb += at_or_after.eq(Cat(requests[i] & (i >= pointer) for i in range(len(requests))))
+    pick = Signal(range(len(requests)), name=f"{name}_pick")
+    m.d.comb += pick.eq(Mux(at_or_after.any(), _lowest_set(m, at_or_after, f"{name}_after"),
+                            _lowest_set(m, requests, f"{name}_first")))
     return pick, requests.any()
 
 
@@ -230,7 +236,7 @@ class NopSwitch(wiring.Component):
 
         free_requests = Signal(slots)
         m.d.comb += free_requests.eq(Cat(~v for v in valid))
-        free_slot, any_free = _round_robin_pick(m, free_requests, 0, "free")
+        free_slot, any_free = _lowest_set(m, free_requests, "free_pick"), free_requests.any()
         token_busy = Signal()
         m.d.comb += token_busy.eq(Cat(v & (t == flit.token) for v, t in zip(valid, token)).any())
 
@@ -251,6 +257,7 @@ class NopSwitch(wiring.Component):
                 with m.If(dests[child]):
                     m.d.sync += [out_valid[child].eq(1), out_payload[child].eq(flit)]
             count = Mux(in_packet, cur_count, 0) + 1
+            kept_count = Mux(count > P, P, count)     # a packet longer than P combines P flits
             with m.If(~in_packet):
                 m.d.sync += [cur_dests.eq(mask_dests), cur_slot.eq(free_slot),
                              dropping.eq(mask_dests == 0)]
@@ -258,7 +265,7 @@ class NopSwitch(wiring.Component):
                     m.d.sync += error.eq(1)
             with m.If(count > P):
                 m.d.sync += error.eq(1)
-            m.d.sync += [cur_count.eq(Mux(count > P, P, count)), in_packet.eq(~flit.last)]
+            m.d.sync += [cur_count.eq(kept_count), in_packet.eq(~flit.last)]
             slot_now = Mux(in_packet, cur_slot, free_slot)
             owner = ~Mux(in_packet, dropping, mask_dests == 0)
             for s in range(slots):
@@ -268,7 +275,7 @@ class NopSwitch(wiring.Component):
                                      owed[s].eq(mask_dests), arrived[s].eq(0),
                                      dispatched[s].eq(0)]
                     with m.If(flit.last):
-                        m.d.sync += [dispatched[s].eq(1), flits[s].eq(Mux(count > P, P, count))]
+                        m.d.sync += [dispatched[s].eq(1), flits[s].eq(kept_count)]
 
         # --- combine: per-child buffers written at (slot, flit index) ---
         acc_layout = data.ArrayLayout(signed(cfg.acc_width), cfg.lanes)
@@ -289,10 +296,7 @@ class NopSwitch(wiring.Component):
             count = Signal(range(P + 1), name=f"up{child}_count")
             hits = Cat(valid[s] & owed[s][child] & ~arrived[s][child] &
                        (token[s] == port.payload.token) for s in range(slots))
-            hit_slot = Signal(range(slots), name=f"up{child}_slot")
-            for s in reversed(range(slots)):
-                with m.If(hits[s]):
-                    m.d.comb += hit_slot.eq(s)
+            hit_slot = _lowest_set(m, hits, f"up{child}_slot")
             with m.If(port.valid):
                 with m.If(hits.any() & (count < P)):
                     m.d.comb += [write.addr.eq(hit_slot * P + count), write.en.eq(1),
@@ -320,13 +324,8 @@ class NopSwitch(wiring.Component):
         issuing = busy | any_complete
         m.d.comb += [emit_slot.eq(Mux(busy, busy_slot, pick)),
                      emit_index.eq(Mux(busy, busy_index, 0))]
-        slot_flits = Signal(range(P + 1))
-        slot_owed = Signal(F)
-        slot_token = Signal(cfg.token_width)
-        for s in range(slots):
-            with m.If(emit_slot == s):
-                m.d.comb += [slot_flits.eq(flits[s]), slot_owed.eq(owed[s]),
-                             slot_token.eq(token[s])]
+        slot_flits, slot_owed = Array(flits)[emit_slot], Array(owed)[emit_slot]
+        slot_token = Array(token)[emit_slot]
         final = emit_index + 1 >= slot_flits
 
         out_full = Signal()
@@ -341,9 +340,7 @@ class NopSwitch(wiring.Component):
                 with m.If(final):
                     m.d.sync += [busy.eq(0), pointer.eq(Mux(emit_slot + 1 == slots, 0,
                                                             emit_slot + 1))]
-                    for s in range(slots):
-                        with m.If(emit_slot == s):
-                            m.d.sync += valid[s].eq(0)
+                    m.d.sync += Array(valid)[emit_slot].eq(0)
                 with m.Else():
                     m.d.sync += [busy.eq(1), busy_slot.eq(emit_slot),
                                  busy_index.eq(emit_index + 1)]

@@ -242,25 +242,18 @@ async def test_combine_latency_one_token_at_a_time(dut):
     bench.check()
 
 
-async def _random_traffic(dut, gap, stall, salt, count=60):
-    bench = _setup(dut, salt, gap=gap, stall=stall, return_delay=(0, 12))
+@cocotb.test()
+@cocotb.parametrize((("gap", "stall"), STALL_PROFILES))
+async def test_random_traffic(dut, gap, stall):
+    """Random masks and lengths, out-of-order returns interleaved across leaves, random valid
+    gaps and ready stalls on every port; the golden deliveries, sums and link counts."""
+    bench = _setup(dut, f"random:{gap}:{stall}", gap=gap, stall=stall, return_delay=(0, 12))
     await start_after_reset(dut, bench)
-    for token in range(count):
+    for token in range(60):
         bench.send(bench.random_packet(token))
     await bench.drain(max_cycles=40000)
     bench.check()
     bench.stop()
-
-
-for _index, (_gap, _stall) in enumerate(STALL_PROFILES):
-    async def _profile(dut, gap=_gap, stall=_stall, index=_index):
-        await _random_traffic(dut, gap, stall, f"random{index}")
-    _profile.__name__ = f"test_random_traffic_gap{int(_gap * 100)}_stall{int(_stall * 100)}"
-    _profile.__qualname__ = _profile.__name__
-    _profile.__doc__ = ("Random masks and lengths, out-of-order returns interleaved across "
-                        "leaves, random valid gaps and ready stalls on every port; the golden "
-                        "deliveries, sums and link counts.")
-    globals()[_profile.__name__] = cocotb.test()(_profile)
 
 
 @cocotb.test()

@@ -25,7 +25,7 @@ class RouterBench:
     def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
         self.dut, self.cfg, self.rng = dut, config, rng
         self.scores = StreamSource(dut, "scores", component.scores.payload.shape(), rng, gap)
-        self.table = StreamSource(dut, "table", component.table.payload.shape(), rng, 0.0)
+        self.table = StreamSource(dut, "table", component.table.payload.shape(), rng, gap)
         self.routes = StreamSink(dut, "route", component.route.payload.shape(), rng, stall)
         self.leaf_of = [0] * config.experts
         self.expected = []
@@ -81,8 +81,12 @@ def _random_table(bench):
     return [bench.rng.randrange(bench.cfg.leaves) for _ in range(bench.cfg.experts)]
 
 
-async def _random_routes(dut, gap, stall, salt):
-    bench = _setup(dut, salt, gap=gap, stall=stall)
+@cocotb.test()
+@cocotb.parametrize((("gap", "stall"), STALL_PROFILES))
+async def test_routes(dut, gap, stall):
+    """Random and tie-heavy scores under valid gaps (scores and table) and route stalls: every
+    route equals the golden rule, in order; cycle-exact without stalls."""
+    bench = _setup(dut, f"random:{gap}:{stall}", gap=gap, stall=stall)
     await start_after_reset(dut, bench)
     await bench.write_table(_random_table(bench))
     for token in range(80):
@@ -95,16 +99,6 @@ async def _random_routes(dut, gap, stall, salt):
         assert sent == list(range(sent[0], sent[0] + len(sent)))
         assert [e for e, _ in bench.routes.received] == [e + bench.cfg.latency for e in sent]
     bench.stop()
-
-
-for _index, (_gap, _stall) in enumerate(STALL_PROFILES):
-    async def _profile(dut, gap=_gap, stall=_stall, index=_index):
-        await _random_routes(dut, gap, stall, f"random{index}")
-    _profile.__name__ = f"test_routes_gap{int(_gap * 100)}_stall{int(_stall * 100)}"
-    _profile.__qualname__ = _profile.__name__
-    _profile.__doc__ = ("Random and tie-heavy scores under valid gaps and ready stalls: every "
-                        "route equals the golden rule, in order; cycle-exact without stalls.")
-    globals()[_profile.__name__] = cocotb.test()(_profile)
 
 
 @cocotb.test()
