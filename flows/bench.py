@@ -103,5 +103,12 @@ def run_demo():
           "round-robin vs clustered placement, root-link flits per token forwarding every "
           "expert / every leaf / in-network combine; topk_router: routes per cycle, latency, "
           "r of a top-k trace routed by the RTL")
+    print("ndp_core: MAC utilization (useful MACs / M per cycle) with an ideal weight stream "
+          "and fed by the DDR4-3200 model; cycles per ffn_slice of a 4-DIMM tensor-parallel "
+          "expert (sum checked against the whole expert)")
     print(f"Verilog, manifests and synthesis reports: {BUILD_ROOT / 'demo'}")
+    for block in all_blocks():
+        if block.demo_report is not None:
+            print()
+            print(block.demo_report())
     return status

@@ -1,4 +1,4 @@
-"""The ``moegen`` command: list, verilog, sim, synth, doctor, bench, demo.
+"""The ``moegen`` command: list, verilog, sim, synth, doctor, bench, demo, schedule.
 
 Every subcommand is a thin layer over the Python API in ``flows``. Bad input (unknown block,
 parameter, simulator or target; a value of the wrong type or out of range) prints one line,
@@ -109,6 +109,32 @@ def cmd_demo(args):
     return run_demo()
 
 
+def _dimm_counts(text):
+    try:
+        counts = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or any(not 1 <= n <= 6 for n in counts):
+        raise _UsageError(f"option '--dimms': got {text}; allowed: comma-separated integers "
+                          "in 1..6 (Table I: up to six NDP-DIMMs)")
+    return counts
+
+
+def cmd_schedule(args):
+    import dataclasses
+    from flows import ndp_schedule
+    if not 0.0 <= args.skew <= 4.0:
+        raise _UsageError(f"option '--skew': got {args.skew}; allowed: a number in 0..4")
+    hw = dataclasses.replace(ndp_schedule.Hardware(), skew=args.skew)
+    rows = ndp_schedule.run(hw, dimms=_dimm_counts(args.dimms))
+    print(ndp_schedule.format_table(rows))
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+    print(f"wrote {ndp_schedule.plot(rows, output / 'ndp_schedule.png')}")
+    print(f"wrote {ndp_schedule.write_json(rows, output / 'ndp_schedule.json')}")
+    return 0
+
+
 def _parser():
     parser = _Parser(prog="moegen", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -141,6 +167,12 @@ def _parser():
     p.set_defaults(func=cmd_bench)
     sub.add_parser("demo", help="generate, simulate and synthesize the demo configurations"
                    ).set_defaults(func=cmd_demo)
+    p = sub.add_parser("schedule", help="GPU + NDP-DIMM MoE schedule model (table and plot)")
+    p.add_argument("--dimms", default="2,4,6", help="NDP-DIMM counts, e.g. 2,4,6")
+    p.add_argument("--skew", type=float, default=0.8,
+                   help="expert popularity ~ 1/rank**skew of the synthetic routing")
+    p.add_argument("-o", "--output", default="build/schedule", help="output folder")
+    p.set_defaults(func=cmd_schedule)
     return parser
 
 

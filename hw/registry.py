@@ -12,7 +12,7 @@ __all__ = ["Block", "register", "get_block", "all_blocks", "UnknownBlock"]
 
 # Families are imported lazily so that `import hw.registry` stays cheap; adding a family means
 # adding its module name here and calling `register` inside it.
-FAMILIES = ("systolic", "pmu", "nop", "router")
+FAMILIES = ("systolic", "pmu", "nop", "router", "ndp")
 
 _BLOCKS = {}
 
@@ -45,6 +45,9 @@ class Block:
         What ``make bench`` divides the cell count by ("PE", "bank", ...).
     area_units : callable
         ``area_units(config) -> int``, how many of them the configuration has.
+    demo_report : callable, optional
+        ``demo_report() -> str``, printed after the ``make demo`` table (a family's model
+        results, e.g. the NDP schedule table).
     """
     name: str
     family: str
@@ -55,6 +58,7 @@ class Block:
     demo_configs: tuple = ({},)
     area_unit: str = "block"
     area_units: Callable = lambda config: 1
+    demo_report: Callable = None
 
     @property
     def tb_module(self):

@@ -105,9 +105,12 @@ class StreamSource(_StreamEnd):
         self._go_idle()
         self._payload.value = 0
 
-    def send(self, payload):
-        """Queue one beat; ``payload`` is a dict for the layout (e.g. ``{"data": [...], "last": 1}``)."""
-        self._queue.append(self._layout.const(payload).as_bits())
+    def send(self, payload, not_before=0):
+        """Queue one beat; ``payload`` is a dict for the layout (e.g. ``{"data": [...], "last": 1}``).
+
+        ``not_before``: the beat is not offered before this edge (a memory model's arrival time).
+        """
+        self._queue.append((self._layout.const(payload).as_bits(), not_before))
 
     @property
     def idle(self):
@@ -130,8 +133,9 @@ class StreamSource(_StreamEnd):
                 self._driving = False
             if self._driving:
                 continue  # valid stays high with a stable payload until the transfer
-            if self._queue and self._rng.random() >= self.gap_probability:
-                self._payload.value = self._queue[0]
+            if (self._queue and edge_now() >= self._queue[0][1]
+                    and self._rng.random() >= self.gap_probability):
+                self._payload.value = self._queue[0][0]
                 self._driving = True
             self._valid.value = int(self._driving)
 

@@ -1,0 +1,258 @@
+"""Golden model of the NDP-DIMM core (``ndp_core``): fixed-point GEMV, expert-FFN slices, tensor
+parallelism, the weight stream order and the cycle model.
+
+Pure Python/NumPy (no amaranth, no hw/). Source: seed 002 (§III-A central-buffer NDP-DIMM,
+§III-B/Fig. 4 tensor parallelism, Table I: 64 multipliers per DIMM).
+
+Arithmetic (followed bit for bit by the RTL):
+
+* weights ``w`` are signed ``w_width``-bit, activations ``x`` and ``h`` signed ``x_width``-bit;
+  a dot product is accumulated exactly and then wrapped to a signed ``acc_width``-bit result;
+* ``requant(v, s, n)``: with ``s > 0``, ``(v + 2**(s-1)) >> s`` (arithmetic shift, i.e. round
+  half up towards +inf), then saturation to the signed ``n``-bit range; ``s = 0`` only saturates;
+* ``ffn_slice`` for intermediate rows ``i`` of this DIMM's slice::
+
+      g_i = Wg[i]·x,  u_i = Wu[i]·x                          (acc_width, wrapping)
+      a_i = LUT[requant(g_i, shift_g, x_width) mod 2**x_width]  (signed x_width entry)
+      h_i = requant(a_i * requant(u_i, shift_u, x_width), shift_h, x_width)
+      y_partial = Wd[:, slice]·h                               (acc_width, wrapping)
+
+  The host adds the partial outputs of the N DIMMs, wrapping at ``acc_width``; since ``h_i``
+  depends only on row ``i`` of Wg and Wu, the sum equals the unsplit expert FFN exactly.
+
+Weight stream (the order the DRAM side delivers, one beat = ``mults`` M weights, lane l of a
+beat is column ``c*M + l`` of the current row, lanes past the row end are ignored):
+
+* ``gemv``: rows 0..R-1, each as ``ceil(cols/M)`` beats;
+* ``ffn_slice``: ``Wg[i]``, ``Wu[i]`` for i = 0..I_s-1 (interleaved, each ``ceil(D/M)`` beats),
+  then ``Wd[:, slice]`` rows 0..D-1 (each ``ceil(I_s/M)`` beats).
+
+The activation port carries x as ``ceil(cols/M)`` beats of M elements, same lane order.
+"""
+
+import math
+
+import numpy as np
+
+__all__ = ["requant", "wrap", "gemv", "ffn_slice", "ffn_expert", "split_sizes", "split_expert",
+           "activation_lut", "gemv_weight_beats", "ffn_weight_beats", "vector_beats",
+           "tree_levels", "gate_drain", "result_latency", "command_cycles", "weight_beats",
+           "useful_macs", "timeline", "OP_GEMV", "OP_FFN_SLICE"]
+
+OP_GEMV, OP_FFN_SLICE = 0, 1
+
+
+def wrap(value, width):
+    """``value`` wrapped to a signed ``width``-bit integer (two's complement)."""
+    value = int(value) & ((1 << width) - 1)
+    return value - (1 << width) if value >> (width - 1) else value
+
+
+def requant(value, shift, width):
+    """Round half up by an arithmetic right shift of ``shift``, then saturate to ``width`` bits."""
+    value = int(value)
+    if shift:
+        value = (value + (1 << (shift - 1))) >> shift
+    low, high = -(1 << (width - 1)), (1 << (width - 1)) - 1
+    return max(low, min(high, value))
+
+
+def gemv(weights, x, acc_width):
+    """``y = W·x`` wrapped to ``acc_width``; ``weights`` is rows x cols, exact integer sums."""
+    weights = np.asarray(weights, dtype=object)
+    x = np.asarray(x, dtype=object)
+    return [wrap(v, acc_width) for v in weights.dot(x)]
+
+
+def ffn_slice(wg, wu, wd, x, lut, shifts, x_width, acc_width):
+    """One DIMM's partial expert output and its ``h`` vector.
+
+    Parameters
+    ----------
+    wg, wu : array (I_s, D)
+        This DIMM's rows of the gate and up projections (their "column slices" in x·W form).
+    wd : array (D, I_s)
+        This DIMM's columns of the down projection.
+    x : sequence of int, length D
+    lut : sequence of int, length 2**x_width
+        Signed activation table indexed by the requantized gate value's bits.
+    shifts : (int, int, int)
+        ``shift_g, shift_u, shift_h``.
+
+    Returns
+    -------
+    (list of int, list of int)
+        The partial output (length D, acc_width) and h (length I_s).
+    """
+    shift_g, shift_u, shift_h = shifts
+    g = gemv(wg, x, acc_width)
+    u = gemv(wu, x, acc_width)
+    mask = (1 << x_width) - 1
+    h = [requant(int(lut[requant(gi, shift_g, x_width) & mask]) * requant(ui, shift_u, x_width),
+                 shift_h, x_width) for gi, ui in zip(g, u)]
+    return gemv(wd, h, acc_width), h
+
+
+def ffn_expert(wg, wu, wd, x, lut, shifts, x_width, acc_width):
+    """The whole expert FFN (no split): ``Wd·h`` with h as in :func:`ffn_slice`."""
+    return ffn_slice(wg, wu, wd, x, lut, shifts, x_width, acc_width)[0]
+
+
+def split_sizes(inter, parts):
+    """Intermediate rows per DIMM: as even as possible, the first ones one larger."""
+    if not 1 <= parts <= inter:
+        raise ValueError(f"cannot split {inter} intermediate rows over {parts} DIMMs")
+    base, extra = divmod(inter, parts)
+    return [base + (d < extra) for d in range(parts)]
+
+
+def split_expert(wg, wu, wd, parts):
+    """Per DIMM ``(wg_s, wu_s, wd_s)``: rows of Wg/Wu and the matching columns of Wd."""
+    wg, wu, wd = (np.asarray(a) for a in (wg, wu, wd))
+    out, start = [], 0
+    for size in split_sizes(wg.shape[0], parts):
+        out.append((wg[start:start + size], wu[start:start + size], wd[:, start:start + size]))
+        start += size
+    return out
+
+
+def activation_lut(name, x_width, in_frac_bits, out_frac_bits):
+    """A signed table for ``silu``, ``gelu`` or ``relu`` of fixed-point codes.
+
+    Entry ``q mod 2**x_width`` (q the signed code, value ``q / 2**in_frac_bits``) holds
+    ``round(f(value) * 2**out_frac_bits)``, saturated to ``x_width`` bits.
+    """
+    functions = {
+        "silu": lambda v: v / (1.0 + math.exp(-v)),
+        "gelu": lambda v: 0.5 * v * (1.0 + math.erf(v / math.sqrt(2.0))),
+        "relu": lambda v: max(v, 0.0),
+    }
+    f = functions[name]
+    size = 1 << x_width
+    table = [0] * size
+    for q in range(-(size // 2), size // 2):
+        value = f(q / (1 << in_frac_bits)) * (1 << out_frac_bits)
+        table[q % size] = requant(math.floor(value + 0.5), 0, x_width)
+    return table
+
+
+def _row_beats(row, mults, pad):
+    """One row as beats of ``mults`` lanes; lanes past the end take values from ``pad()``."""
+    row = [int(v) for v in row]
+    beats = []
+    for start in range(0, len(row), mults):
+        chunk = row[start:start + mults]
+        beats.append(chunk + [pad() for _ in range(mults - len(chunk))])
+    return beats
+
+
+def vector_beats(x, mults, pad=lambda: 0):
+    """The activation vector as beats of ``mults`` elements."""
+    return _row_beats(x, mults, pad)
+
+
+def gemv_weight_beats(weights, mults, pad=lambda: 0):
+    """Weight beats of a ``gemv`` in stream order (see module docstring)."""
+    return [beat for row in weights for beat in _row_beats(row, mults, pad)]
+
+
+def ffn_weight_beats(wg, wu, wd, mults, pad=lambda: 0):
+    """Weight beats of an ``ffn_slice`` in stream order: Wg/Wu rows interleaved, then Wd rows."""
+    beats = []
+    for g_row, u_row in zip(wg, wu):
+        beats += _row_beats(g_row, mults, pad) + _row_beats(u_row, mults, pad)
+    return beats + gemv_weight_beats(wd, mults, pad)
+
+
+# --- cycle model ------------------------------------------------------------------------------
+
+def tree_levels(mults):
+    """Registered levels of the adder tree over M products."""
+    return max(mults - 1, 0).bit_length()
+
+
+def gate_drain(mults):
+    """Cycles ``ffn_slice`` pauses the weight port between the last Wu beat and the first Wd beat.
+
+    The last h value must be in the h buffer before the first Wd beat reads it: the beat passes
+    the weight register (1), the product register (1), the adder tree, the row register (1) and
+    the product register of the gate (1); the h write lands at the end of that cycle.
+    """
+    return tree_levels(mults) + 4
+
+
+def result_latency(mults):
+    """Edges from the transfer of a row's last weight beat to its result's transfer (ready output).
+
+    Weight register, product register, adder tree, row register (the FIFO write), then the
+    output FIFO's two-register read path.
+    """
+    return 1 + 1 + tree_levels(mults) + 1 + 2
+
+
+def weight_beats(op, rows, cols, mults):
+    """Weight beats one command consumes."""
+    if op == OP_GEMV:
+        return rows * math.ceil(cols / mults)
+    return 2 * rows * math.ceil(cols / mults) + cols * math.ceil(rows / mults)
+
+
+def useful_macs(op, rows, cols):
+    """Multiply-accumulates the command needs (no padding lanes)."""
+    return rows * cols * (1 if op == OP_GEMV else 3)
+
+
+def timeline(commands, out_depth, mults):
+    """Transfer edges of back-to-back commands when every command, x beat and weight beat is
+    waiting and the output is always ready; edge 0 takes the first command.
+
+    Parameters
+    ----------
+    commands : sequence of (op, rows, cols, load_x)
+    out_depth, mults : int
+        The core's output FIFO entries and M.
+
+    Returns
+    -------
+    (list, list, list)
+        Edges of the command transfers, of every weight beat, of every result.
+
+    Notes
+    -----
+    One edge takes a command; with ``load_x`` the next ``ceil(cols/M)`` edges take x; then one
+    weight beat per edge, except that ``ffn_slice`` pauses :func:`gate_drain` edges between its
+    2*I_s gate rows and its Wd rows, and that a row-ending beat of an output row is taken at
+    edge c only while fewer than ``out_depth`` earlier output rows t have
+    ``t < c <= t + result_latency`` (a slot is reserved from the edge after the beat until the
+    edge after its result's transfer). Each result leaves :func:`result_latency` edges after its
+    row-ending beat. The next command is taken the edge after the last weight beat.
+    """
+    latency = result_latency(mults)
+    cycle, command_edges, weight_edges, row_ends = 0, [], [], []
+    for op, rows, cols, load_x in commands:
+        command_edges.append(cycle)
+        cycle += 1 + (math.ceil(cols / mults) if load_x else 0)
+        if op == OP_GEMV:
+            phases = [(rows, math.ceil(cols / mults), True)]
+        else:
+            phases = [(2 * rows, math.ceil(cols / mults), False),
+                      (cols, math.ceil(rows / mults), True)]
+        for index, (n_rows, row_beats, output) in enumerate(phases):
+            if index:
+                cycle += gate_drain(mults)
+            for _ in range(n_rows):
+                for beat in range(row_beats):
+                    if output and beat == row_beats - 1:
+                        while sum(1 for t in row_ends[-out_depth:]
+                                  if t < cycle <= t + latency) >= out_depth:
+                            cycle += 1
+                        row_ends.append(cycle)
+                    weight_edges.append(cycle)
+                    cycle += 1
+    return command_edges, weight_edges, [t + latency for t in row_ends]
+
+
+def command_cycles(op, rows, cols, load_x, mults, out_depth):
+    """Edges from a command's transfer to the next one's, in the setting of :func:`timeline`
+    with no earlier result holding an output slot."""
+    return timeline([(op, rows, cols, load_x)], out_depth, mults)[1][-1] + 1

@@ -1,0 +1,387 @@
+"""NDP-DIMM core (``ndp_core``): the near-data GEMV / expert-FFN engine on each DIMM.
+
+Source: seed 002 §III-A (central-buffer NDP-DIMM: a core on each DIMM computes on locally stored
+expert weights), §III-B/Fig. 4 (tensor parallelism: Wg and Wu split by columns, Wd by rows), Table
+I (64 multipliers per DIMM; 64 int8 weights per cycle at 1.6 GHz is the DIMM's internal 102.4
+GB/s). The arithmetic, the stream orders and the cycle model are in :mod:`golden.ndp`.
+
+Datapath, one weight beat (M weights) per cycle::
+
+    weight beat --> [w reg] --> M multipliers x buffer lane --> [products] --> adder tree
+                    x/h buffer read (same cycle)                   (one register per level)
+        --> accumulator --> [row result] --+--> output FIFO --> y     (gemv, Wd rows)
+                                           +--> requant, LUT --> [a]  (Wg rows)
+                                           +--> requant x a --> [p] --> requant --> h buffer
+
+Control: a command is taken only when the core is idle; with ``load_x`` it first takes
+``ceil(cols/M)`` x beats, then the weight port is ready every cycle except while ``ffn_slice``
+waits for its last h value (:func:`golden.ndp.gate_drain`) and while a row-ending beat would
+have no output FIFO slot (slots are reserved when the beat is taken, so the pipeline itself never
+stalls). The LUT port is ready only between commands, so a table never changes under a command.
+
+Misuse: a command with ``rows`` or ``cols`` of 0, ``cols`` > ``max_cols``, or an ``ffn_slice``
+with ``rows`` > ``max_inter`` is dropped (no output) and sets the sticky ``error`` output.
+"""
+
+import dataclasses
+import math
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import bits_for, ceil_log2
+
+from golden import ndp as golden
+from hw.params import int_param, validate
+from hw.registry import Block, register
+
+__all__ = ["NdpConfig", "NdpCore", "command_layout", "SHIFT_BITS", "COUNT_BITS"]
+
+SHIFT_BITS = 5          # requantization shifts 0..31
+COUNT_BITS = 16         # rows and cols fields of a command
+
+
+@dataclasses.dataclass(frozen=True)
+class NdpConfig:
+    """Parameters of ``ndp_core``.
+
+    Parameters
+    ----------
+    mults : int
+        M, multipliers = weights per beat (Table I: 64).
+    w_width, x_width : int
+        Bits of a signed weight / activation (also of h and of the LUT index and entries).
+    acc_width : int
+        Bits of a signed accumulator and of every output (sums wrap).
+    max_cols : int
+        Activation buffer size, elements (the longest GEMV row, the hidden size D of a slice).
+    max_inter : int
+        h buffer size, elements (the largest intermediate slice I_s).
+    out_depth : int
+        Output FIFO entries (enough for one row per cycle needs the result latency + 1).
+    """
+    mults: int = int_param(64, 1, 128, "M, multipliers (weights per beat)")
+    w_width: int = int_param(8, 2, 16, "bits of a signed weight")
+    x_width: int = int_param(8, 2, 10, "bits of a signed activation, h and LUT entry")
+    acc_width: int = int_param(32, 8, 48, "bits of the wrapping accumulator and outputs")
+    max_cols: int = int_param(1024, 1, 16384, "activation buffer, elements")
+    max_inter: int = int_param(256, 1, 16384, "h buffer (intermediate slice), elements")
+    out_depth: int = int_param(16, 2, 256, "output FIFO entries")
+
+    def __post_init__(self):
+        validate(self)
+
+    @property
+    def x_words(self):
+        return math.ceil(self.max_cols / self.mults)
+
+    @property
+    def h_words(self):
+        return math.ceil(self.max_inter / self.mults)
+
+
+def command_layout():
+    """``op`` (0 gemv, 1 ffn_slice), ``load_x``, ``rows``, ``cols``, the three shifts.
+
+    gemv: ``rows`` x ``cols`` weights, ``cols`` activations, ``rows`` outputs.
+    ffn_slice: ``rows`` = I_s (this DIMM's intermediate rows), ``cols`` = D (hidden size):
+    2*I_s rows of D weights, then D rows of I_s weights; D outputs.
+    """
+    return data.StructLayout({
+        "op": 1, "load_x": 1, "rows": COUNT_BITS, "cols": COUNT_BITS,
+        "shift_g": SHIFT_BITS, "shift_u": SHIFT_BITS, "shift_h": SHIFT_BITS})
+
+
+def _requant(m, value, shift, width, name):
+    """Round half up by ``shift`` (arithmetic) and saturate to signed ``width`` bits."""
+    wide = max(len(value), 1 << SHIFT_BITS) + 2
+    rounded = Signal(signed(wide), name=f"{name}_rounded")
+    half = (Const(1, wide) << shift) >> 1          # 0 when shift is 0
+    m.d.comb += rounded.eq((value + half) >> shift)
+    low, high = -(1 << (width - 1)), (1 << (width - 1)) - 1
+    out = Signal(signed(width), name=name)
+    m.d.comb += out.eq(Mux(rounded > high, high, Mux(rounded < low, low, rounded)))
+    return out
+
+
+class NdpCore(wiring.Component):
+    """``ndp_core``: command, x, weight and LUT streams in; the result stream ``y`` out.
+
+    Ports
+    -----
+    cmd : stream of :func:`command_layout`
+    x : stream of ``{x: M signed x_width}``
+    w : stream of ``{w: M signed w_width}``
+    lut : stream of ``{index, value}`` (ready only between commands)
+    y : stream of ``{data: signed acc_width, last}`` (``last`` on a command's final output)
+    busy, error : 1 bit (error is sticky until reset)
+    """
+
+    def __init__(self, config):
+        self._cfg = cfg = config
+        M = cfg.mults
+        super().__init__({
+            "cmd": In(stream.Signature(command_layout())),
+            "x": In(stream.Signature(data.StructLayout(
+                {"x": data.ArrayLayout(signed(cfg.x_width), M)}))),
+            "w": In(stream.Signature(data.StructLayout(
+                {"w": data.ArrayLayout(signed(cfg.w_width), M)}))),
+            "lut": In(stream.Signature(data.StructLayout(
+                {"index": unsigned(cfg.x_width), "value": signed(cfg.x_width)}))),
+            "y": Out(stream.Signature(data.StructLayout(
+                {"data": signed(cfg.acc_width), "last": 1}))),
+            "busy": Out(1),
+            "error": Out(1),
+        })
+
+    @property
+    def config(self):
+        return self._cfg
+
+    def elaborate(self, platform):
+        cfg = self._cfg
+        M, xw = cfg.mults, cfg.x_width
+        m = Module()
+
+        # Buffers: one M-lane word per beat, so lane l of a weight beat meets lane l of x/h.
+        m.submodules.x_buffer = x_buffer = Memory(
+            shape=unsigned(M * xw), depth=cfg.x_words, init=[])
+        m.submodules.h_buffer = h_buffer = Memory(
+            shape=unsigned(M * xw), depth=cfg.h_words, init=[])
+        m.submodules.lut_table = lut_table = Memory(shape=signed(xw), depth=1 << xw, init=[])
+        x_write, x_read = x_buffer.write_port(), x_buffer.read_port()
+        h_write, h_read = h_buffer.write_port(granularity=xw), h_buffer.read_port()
+        lut_write, lut_read = lut_table.write_port(), lut_table.read_port(domain="comb")
+
+        # Latched command.
+        op = Signal(1)
+        rows = Signal(COUNT_BITS)
+        cols = Signal(COUNT_BITS)
+        shift_g, shift_u, shift_h = (Signal(SHIFT_BITS, name=n)
+                                     for n in ("shift_g", "shift_u", "shift_h"))
+
+        # Weight-phase counters.
+        lane_bits = bits_for(M)
+        row = Signal(COUNT_BITS + 1)
+        row_count = Signal(COUNT_BITS + 1)     # rows in this phase
+        row_length = Signal(COUNT_BITS)        # weights per row in this phase
+        chunk = Signal(range(max(cfg.x_words, cfg.h_words, 1) + 1))
+        left = Signal(COUNT_BITS)              # weights of the row from this chunk on
+        use_h = Signal()                       # this phase reads the h buffer (Wd rows)
+        x_count = Signal(range(cfg.x_words + 1))
+        error = Signal()
+        m.d.comb += self.error.eq(error)
+
+        # Output FIFO slots reserved by taken row-ending beats (results in flight or queued).
+        m.submodules.out_fifo = out_fifo = SyncFIFOBuffered(
+            width=cfg.acc_width + 1, depth=cfg.out_depth)
+        reserved = Signal(range(cfg.out_depth + 1))
+
+        row_end = Signal()
+        m.d.comb += row_end.eq(left <= M)
+        last_row = Signal()
+        m.d.comb += last_row.eq(row == row_count - 1)
+        lanes_now = Signal(lane_bits)
+        m.d.comb += lanes_now.eq(Mux(row_end, left, M))
+
+        # Pipeline stage 1: weight register + buffer read data.
+        meta_layout = data.StructLayout({
+            "valid": 1, "first": 1, "row_end": 1, "kind": 2, "final": 1, "use_h": 1,
+            "lanes": lane_bits})
+        KIND_Y, KIND_G, KIND_U = 0, 1, 2
+        take = Signal()
+        in_meta = Signal(meta_layout)
+        w_reg = Signal(data.ArrayLayout(signed(cfg.w_width), M))
+        meta1 = Signal(meta_layout)
+        m.d.sync += [meta1.eq(in_meta), meta1.valid.eq(take)]
+        with m.If(take):
+            m.d.sync += w_reg.eq(self.w.payload.w)
+        m.d.comb += [x_read.addr.eq(chunk), h_read.addr.eq(chunk)]
+        operand = Signal(M * xw)
+        m.d.comb += operand.eq(Mux(meta1.use_h, h_read.data, x_read.data))
+
+        # Stage 2: masked products (lanes past the row end are ignored).
+        product_width = cfg.w_width + xw
+        products = [Signal(signed(product_width), name=f"product{l}") for l in range(M)]
+        for lane, product in enumerate(products):
+            x_lane = operand[lane * xw:(lane + 1) * xw].as_signed()
+            m.d.sync += product.eq(Mux(lane < meta1.lanes, w_reg[lane] * x_lane, 0))
+        meta = Signal(meta_layout, name="meta2")
+        m.d.sync += meta.eq(meta1)
+        metas = [meta1, meta]
+
+        # Adder tree, one register per level.
+        level, width, depth = products, product_width, 0
+        while len(level) > 1:
+            width += 1
+            depth += 1
+            nxt = []
+            for i in range(0, len(level), 2):
+                s = Signal(signed(width), name=f"sum{depth}_{i // 2}")
+                m.d.sync += s.eq(level[i] + level[i + 1] if i + 1 < len(level) else level[i])
+                nxt.append(s)
+            level = nxt
+            delayed = Signal(meta_layout, name=f"meta_sum{depth}")
+            m.d.sync += delayed.eq(meta)
+            meta = delayed
+            metas.append(meta)
+        tree_sum = level[0]
+
+        # Accumulator and row result.
+        acc = Signal(signed(cfg.acc_width))
+        row_value = Signal(signed(cfg.acc_width))
+        row_meta = Signal(meta_layout)
+        total = Signal(signed(cfg.acc_width))
+        m.d.comb += total.eq(Mux(meta.first, tree_sum, acc + tree_sum))
+        with m.If(meta.valid):
+            m.d.sync += acc.eq(total)
+        m.d.sync += [row_value.eq(total), row_meta.eq(meta),
+                     row_meta.valid.eq(meta.valid & meta.row_end)]
+
+        # Outputs: gemv rows and Wd rows go to the FIFO.
+        m.d.comb += [
+            out_fifo.w_data.eq(Cat(row_value, row_meta.final)),
+            out_fifo.w_en.eq(row_meta.valid & (row_meta.kind == KIND_Y)),
+            self.y.valid.eq(out_fifo.r_rdy),
+            self.y.payload.eq(out_fifo.r_data),
+            out_fifo.r_en.eq(self.y.ready),
+        ]
+
+        # Gate: a = LUT[requant(g)] at a Wg row, p = a * requant(u) at the next Wu row.
+        gate = Signal(signed(xw))
+        g_code = _requant(m, row_value, shift_g, xw, "g_requant")
+        u_code = _requant(m, row_value, shift_u, xw, "u_requant")
+        m.d.comb += lut_read.addr.eq(g_code.as_unsigned())
+        with m.If(row_meta.valid & (row_meta.kind == KIND_G)):
+            m.d.sync += gate.eq(lut_read.data)
+        p_reg = Signal(signed(2 * xw))
+        p_valid = Signal()
+        m.d.sync += p_valid.eq(row_meta.valid & (row_meta.kind == KIND_U))
+        with m.If(row_meta.valid & (row_meta.kind == KIND_U)):
+            m.d.sync += p_reg.eq(gate * u_code)
+        h_code = _requant(m, p_reg, shift_h, xw, "h_requant")
+        h_lane = Signal(range(M))
+        h_word = Signal(range(cfg.h_words + 1))
+        m.d.comb += [h_write.addr.eq(h_word), h_write.data.eq(h_code.as_unsigned().replicate(M)),
+                     h_write.en.eq(Mux(p_valid, (Const(1, M) << h_lane)[:M], 0))]
+        with m.If(p_valid):
+            with m.If(h_lane == M - 1):
+                m.d.sync += [h_lane.eq(0), h_word.eq(h_word + 1)]
+            with m.Else():
+                m.d.sync += h_lane.eq(h_lane + 1)
+
+        # Beats still on their way to the row register; the gate's product register is left
+        # out because the h write it makes lands before a read issued in the next cycle.
+        before_gate = Signal()
+        m.d.comb += before_gate.eq(Cat(*(x.valid for x in metas), row_meta.valid).any())
+
+        # Output slot accounting.
+        reserve = Signal()
+        release = Signal()
+        m.d.comb += release.eq(self.y.valid & self.y.ready)
+        m.d.sync += reserved.eq(reserved + reserve - release)
+
+        # LUT writes between commands.
+        m.d.comb += [lut_write.addr.eq(self.lut.payload.index),
+                     lut_write.data.eq(self.lut.payload.value)]
+
+        cmd = self.cmd.payload
+        ffn = Signal()
+        m.d.comb += ffn.eq(op == golden.OP_FFN_SLICE)
+
+        def start_phase(n_rows, length, from_h):
+            return [row.eq(0), row_count.eq(n_rows), row_length.eq(length), left.eq(length),
+                    chunk.eq(0), use_h.eq(from_h)]
+
+        # busy: a command is running or a result is still on its way out.
+        idle = Signal()
+        m.d.comb += self.busy.eq(~idle | before_gate | p_valid | (reserved != 0))
+
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += [self.cmd.ready.eq(1), self.lut.ready.eq(1), idle.eq(1),
+                             lut_write.en.eq(self.lut.valid)]
+                bad = Signal()
+                m.d.comb += bad.eq((cmd.rows == 0) | (cmd.cols == 0) | (cmd.cols > cfg.max_cols) |
+                                   ((cmd.op == golden.OP_FFN_SLICE) & (cmd.rows > cfg.max_inter)))
+                with m.If(self.cmd.valid):
+                    with m.If(bad):
+                        m.d.sync += error.eq(1)
+                    with m.Else():
+                        m.d.sync += [op.eq(cmd.op), rows.eq(cmd.rows), cols.eq(cmd.cols),
+                                     shift_g.eq(cmd.shift_g), shift_u.eq(cmd.shift_u),
+                                     shift_h.eq(cmd.shift_h), x_count.eq(0),
+                                     h_lane.eq(0), h_word.eq(0)]
+                        two_rows = cmd.rows << 1
+                        m.d.sync += start_phase(
+                            Mux(cmd.op == golden.OP_FFN_SLICE, two_rows, cmd.rows), cmd.cols, 0)
+                        with m.If(cmd.load_x):
+                            m.next = "LOAD_X"
+                        with m.Else():
+                            m.next = "WEIGHTS"
+            with m.State("LOAD_X"):
+                m.d.comb += [self.x.ready.eq(1),
+                             x_write.addr.eq(x_count), x_write.data.eq(self.x.payload.x.as_value()),
+                             x_write.en.eq(self.x.valid)]
+                with m.If(self.x.valid):
+                    m.d.sync += x_count.eq(x_count + 1)
+                    with m.If((x_count + 1) * M >= cols):
+                        m.next = "WEIGHTS"
+            with m.State("WEIGHTS"):
+                # Wg/Wu rows of ffn_slice produce no output; gemv and Wd rows need a slot.
+                gate_phase = ffn & ~use_h
+                needs_slot = row_end & ~gate_phase
+                m.d.comb += [
+                    self.w.ready.eq(~needs_slot | (reserved < cfg.out_depth)),
+                    take.eq(self.w.valid & self.w.ready),
+                    reserve.eq(take & needs_slot),
+                    in_meta.first.eq(chunk == 0),
+                    in_meta.row_end.eq(row_end),
+                    in_meta.kind.eq(Mux(gate_phase, Mux(row[0], KIND_U, KIND_G), KIND_Y)),
+                    in_meta.final.eq(row_end & last_row),
+                    in_meta.use_h.eq(use_h),
+                    in_meta.lanes.eq(lanes_now),
+                ]
+                with m.If(take):
+                    with m.If(row_end):
+                        m.d.sync += [row.eq(row + 1), chunk.eq(0), left.eq(row_length)]
+                        with m.If(last_row):
+                            with m.If(gate_phase):
+                                m.next = "DRAIN"
+                            with m.Else():
+                                m.next = "IDLE"
+                    with m.Else():
+                        m.d.sync += [chunk.eq(chunk + 1), left.eq(left - M)]
+            with m.State("DRAIN"):
+                # The first Wd beat reads h: wait until the last h value is written.
+                with m.If(~before_gate):
+                    m.d.sync += start_phase(cols, rows, 1)
+                    m.next = "WEIGHTS"
+        return m
+
+
+
+register(Block(
+    name="ndp_core", family="ndp", config=NdpConfig, build=NdpCore,
+    figures=lambda cfg: {"result_latency_cycles": golden.result_latency(cfg.mults),
+                         "gate_drain_cycles": golden.gate_drain(cfg.mults),
+                         "macs_per_cycle": cfg.mults},
+    summary="NDP-DIMM core: int GEMV and tensor-parallel expert-FFN slices with LUT activation",
+    demo_configs=({"max_cols": 256, "max_inter": 128},),
+    area_unit="multiplier", area_units=lambda cfg: cfg.mults,
+    demo_report=lambda: _schedule_report(),
+))
+
+
+def _schedule_report():
+    from flows import ndp_schedule       # imported late: the flow needs matplotlib
+    from flows.toolchain import BUILD_ROOT
+    rows = ndp_schedule.run()
+    out = BUILD_ROOT / "demo"
+    out.mkdir(parents=True, exist_ok=True)
+    plot = ndp_schedule.plot(rows, out / "ndp_schedule.png")
+    ndp_schedule.write_json(rows, out / "ndp_schedule.json")
+    return ("NDP schedule model (moegen schedule): one MoE layer, speedup over MoNDE\n"
+            + ndp_schedule.format_table(rows) + f"\nplot: {plot}")

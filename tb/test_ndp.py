@@ -1,0 +1,419 @@
+"""cocotb tests of ``ndp_core`` against ``golden.ndp``.
+
+Every output is compared, in order, with the golden GEMV / FFN slice on the same weights,
+activations, LUT and shifts. Lanes past a row's end carry random values (they must be ignored).
+With a ready output and waiting streams, command spacing and result edges are asserted against
+the golden cycle model. The DDR4 test holds each weight beat back until :mod:`tb.dram` says the
+DIMM delivered it.
+"""
+
+import math
+import time
+
+import cocotb
+import numpy as np
+from cocotb.triggers import ClockCycles, RisingEdge
+
+from golden import ndp as golden
+from tb.dram import DDR4_3200AA, TABLE_I, Ddr4Stream
+from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.streams import StreamSink, StreamSource, edge_now, reset_dut, start_after_reset, wait_for
+
+STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (0.5, 0.5)]
+
+
+class NdpBench:
+    """Sources on ``cmd``, ``x``, ``w`` and ``lut``, a sink on ``y``, the golden expectations."""
+
+    def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
+        self.dut, self.cfg, self.rng = dut, config, rng
+        layout = {name: getattr(component, name).payload.shape()
+                  for name in ("cmd", "x", "w", "lut", "y")}
+        self.sources = {name: StreamSource(dut, name, layout[name], rng, gap)
+                        for name in ("cmd", "x", "w", "lut")}
+        self.y = StreamSink(dut, "y", layout["y"], rng, stall)
+        self.table = [0] * (1 << config.x_width)
+        self.x_buffer = []           # what the activation buffer holds (pad lanes included)
+        self.expected = []           # (value, last)
+
+    def start(self):
+        for port in (*self.sources.values(), self.y):
+            port.start()
+
+    def stop(self):
+        for port in (*self.sources.values(), self.y):
+            port.stop()
+
+    # --- stimulus --------------------------------------------------------------------------
+    def weights(self, rows, cols):
+        low, high = -(1 << (self.cfg.w_width - 1)), (1 << (self.cfg.w_width - 1)) - 1
+        return np.array([[self.rng.randint(low, high) for _ in range(cols)] for _ in range(rows)],
+                        dtype=np.int64)
+
+    def vector(self, length):
+        low, high = -(1 << (self.cfg.x_width - 1)), (1 << (self.cfg.x_width - 1)) - 1
+        return [self.rng.randint(low, high) for _ in range(length)]
+
+    def _pad(self, width):
+        low, high = -(1 << (width - 1)), (1 << (width - 1)) - 1
+        return lambda: self.rng.randint(low, high)
+
+    async def write_lut(self, table):
+        """Write the activation table once every queued command is done (the host's rule: the
+        LUT port is served between commands, so a queued command could see a partial table)."""
+        await self.drain()
+        for index, value in enumerate(table):
+            self.sources["lut"].send({"index": index, "value": value})
+        self.table = list(table)
+        await wait_for(self.dut, lambda: self.sources["lut"].idle, 4 * len(table) + 100,
+                       "LUT written")
+
+    def _command(self, op, rows, cols, x, shifts=(0, 0, 0), load_x=True):
+        """Queue a command; returns the x the core will use (the buffer's first ``cols``)."""
+        self.sources["cmd"].send({"op": op, "load_x": int(load_x), "rows": rows, "cols": cols,
+                                  "shift_g": shifts[0], "shift_u": shifts[1],
+                                  "shift_h": shifts[2]})
+        if load_x:
+            beats = golden.vector_beats(x[:cols], self.cfg.mults, self._pad(self.cfg.x_width))
+            for index, beat in enumerate(beats):
+                self.sources["x"].send({"x": beat})
+                start = index * self.cfg.mults
+                self.x_buffer[start:start + len(beat)] = beat
+        assert len(self.x_buffer) >= cols, "bench error: reusing an x that was never loaded"
+        return self.x_buffer[:cols]
+
+    def _weights(self, beats, not_before=None):
+        for index, beat in enumerate(beats):
+            self.sources["w"].send({"w": beat}, 0 if not_before is None else not_before[index])
+
+    def _expect(self, values):
+        self.expected += [(int(v), int(i == len(values) - 1)) for i, v in enumerate(values)]
+
+    def gemv(self, weights, x, load_x=True, not_before=None):
+        """Queue a gemv; ``x`` is what the buffer holds afterwards (sent when ``load_x``)."""
+        rows, cols = weights.shape
+        x = self._command(golden.OP_GEMV, rows, cols, x, load_x=load_x)
+        self._weights(golden.gemv_weight_beats(weights, self.cfg.mults,
+                                               self._pad(self.cfg.w_width)), not_before)
+        self._expect(golden.gemv(weights, x, self.cfg.acc_width))
+
+    def ffn(self, wg, wu, wd, x, shifts, load_x=True, not_before=None):
+        """Queue an ffn_slice (rows of Wg/Wu, columns of Wd); returns the expected partial y."""
+        x = self._command(golden.OP_FFN_SLICE, wg.shape[0], wg.shape[1], x, shifts, load_x)
+        self._weights(golden.ffn_weight_beats(wg, wu, wd, self.cfg.mults,
+                                              self._pad(self.cfg.w_width)), not_before)
+        partial, _ = golden.ffn_slice(wg, wu, wd, x, self.table, shifts,
+                                      self.cfg.x_width, self.cfg.acc_width)
+        self._expect(partial)
+        return partial
+
+    # --- checks ----------------------------------------------------------------------------
+    async def drain(self, budget=None):
+        budget = budget or 40 * len(self.expected) + 4000
+        await wait_for(self.dut, lambda: len(self.y.received) == len(self.expected), budget,
+                       "every result out")
+        await wait_for(self.dut, lambda: not self.dut.busy.value, 200, "core idle")
+        await ClockCycles(self.dut.clk, 5)
+
+    def results(self):
+        return [(int(beat.data), int(beat.last)) for _, beat in self.y.received]
+
+    def check(self):
+        got = self.results()
+        assert len(got) == len(self.expected), f"{len(got)} results, expected {len(self.expected)}"
+        for index, (have, want) in enumerate(zip(got, self.expected)):
+            assert have == want, f"result {index}: got {have}, expected {want}"
+        assert not self.dut.error.value, "error flag set by valid commands"
+
+
+def _setup(dut, salt, **kwargs):
+    _, config, component = load_dut_config()
+    return NdpBench(dut, config, component, make_rng(salt), **kwargs)
+
+
+def _shapes(bench):
+    """GEMV shapes: single row/column, exact multiples of M, one over, one under, the maximum."""
+    M, max_cols = bench.cfg.mults, bench.cfg.max_cols
+    cols = sorted({1, min(M, max_cols), min(M + 1, max_cols), max(min(2 * M - 1, max_cols), 1),
+                   max_cols, bench.rng.randint(1, max_cols)})
+    return [(bench.rng.choice([1, 2, M - 1 or 1, M + 1, 2 * M + 3]), c) for c in cols]
+
+
+def _silu_table(cfg):
+    frac = max(cfg.x_width - 4, 0)
+    return golden.activation_lut("silu", cfg.x_width, frac, frac)
+
+
+def _ffn_weights(bench, inter, hidden):
+    return bench.weights(inter, hidden), bench.weights(inter, hidden), bench.weights(hidden, inter)
+
+
+def _shifts(bench, hidden):
+    """Shifts that keep g and u mostly inside the x range (some saturate)."""
+    acc_bits = bench.cfg.w_width + bench.cfg.x_width - 2 + max(hidden - 1, 0).bit_length() // 2
+    base = max(acc_bits - bench.cfg.x_width + 1, 0)
+    return (base, base, bench.cfg.x_width - 2)
+
+
+@cocotb.test()
+@cocotb.parametrize((("gap", "stall"), STALL_PROFILES))
+async def test_gemv_shapes(dut, gap, stall):
+    """Rows and columns around multiples of M, reused and reloaded x, gaps and stalls."""
+    bench = _setup(dut, f"gemv{gap}{stall}", gap=gap, stall=stall)
+    await start_after_reset(dut, bench)
+    for index, (rows, cols) in enumerate(_shapes(bench)):
+        # Every third command reuses the buffer, pad lanes of the last load included.
+        reload = index % 3 != 1 or cols > len(bench.x_buffer)
+        bench.gemv(bench.weights(rows, cols), bench.vector(cols), load_x=reload)
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_extremes_wrap_and_saturate(dut):
+    """Most negative / positive weights and activations at the longest row (the accumulator
+    wraps when acc_width is small), and ffn shifts of 0 and 31 (requant saturates both ways)."""
+    bench = _setup(dut, "extremes")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    w_min, w_max = -(1 << (cfg.w_width - 1)), (1 << (cfg.w_width - 1)) - 1
+    x_min, x_max = -(1 << (cfg.x_width - 1)), (1 << (cfg.x_width - 1)) - 1
+    cols = cfg.max_cols
+    weights = np.array([[w_min] * cols, [w_max] * cols, [w_min, w_max] * (cols // 2) +
+                        [w_min] * (cols % 2)], dtype=np.int64)
+    bench.gemv(weights, [x_min] * cols)
+    bench.gemv(weights, [x_max] * cols)
+    identity = [golden.wrap(i, cfg.x_width) for i in range(1 << cfg.x_width)]
+    await bench.write_lut(identity)
+    inter = min(cfg.max_inter, 3)
+    hidden = min(cfg.max_cols, 2 * cfg.mults + 1)
+    wg, wu, wd = (np.full(s, v, dtype=np.int64)
+                  for s, v in (((inter, hidden), w_min), ((inter, hidden), w_max),
+                               ((hidden, inter), w_min)))
+    for shifts in ((0, 0, 0), (31, 31, 31), (0, 31, 0), (3, 0, 31)):
+        bench.ffn(wg, wu, wd, [x_max] * hidden, shifts)
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+@cocotb.parametrize((("gap", "stall"), [(0.0, 0.0), (0.5, 0.5)]))
+async def test_ffn_slice_and_lut_reprogramming(dut, gap, stall):
+    """ffn_slice with SiLU, then GELU, ReLU and a random table written between commands."""
+    bench = _setup(dut, f"ffn{gap}{stall}", gap=gap, stall=stall)
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    frac = max(cfg.x_width - 4, 0)
+    tables = [golden.activation_lut(name, cfg.x_width, frac, frac)
+              for name in ("silu", "gelu", "relu")]
+    tables.append([bench.rng.randint(-(1 << (cfg.x_width - 1)), (1 << (cfg.x_width - 1)) - 1)
+                   for _ in range(1 << cfg.x_width)])
+    sizes = [(min(cfg.max_inter, cfg.mults + 1), min(cfg.max_cols, 2 * cfg.mults - 1)),
+             (1, 1), (cfg.max_inter, cfg.max_cols), (min(cfg.max_inter, 2), cfg.max_cols)]
+    for table, (inter, hidden) in zip(tables, sizes):
+        await bench.write_lut(table)
+        x = bench.vector(hidden)
+        bench.ffn(*_ffn_weights(bench, inter, hidden), x, _shifts(bench, hidden))
+        await bench.drain()          # the next table is written after this command's end
+    bench.check()
+
+
+@cocotb.test()
+async def test_tensor_parallel_expert(dut):
+    """One expert split over N = 2, 4, 6 DIMMs (and an uneven split): the host's sum of the
+    partial outputs equals the unsplit fixed-point expert FFN bit for bit. The DIMMs' cores are
+    identical and independent, so each slice runs on this core in turn."""
+    bench = _setup(dut, "tp")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    await bench.write_lut(_silu_table(cfg))
+    hidden = min(cfg.max_cols, 2 * cfg.mults + 3)
+    for parts, inter in ((2, 12), (4, 12), (6, 12), (4, 13)):
+        inter = min(inter, parts * cfg.max_inter)
+        wg, wu, wd = _ffn_weights(bench, inter, hidden)
+        x = bench.vector(hidden)
+        shifts = _shifts(bench, hidden)
+        start = len(bench.expected)
+        for wg_s, wu_s, wd_s in golden.split_expert(wg, wu, wd, parts):
+            bench.ffn(wg_s, wu_s, wd_s, x, shifts)
+        await bench.drain()
+        partials = np.array([v for v, _ in bench.results()[start:]], dtype=object)
+        total = [golden.wrap(v, cfg.acc_width) for v in partials.reshape(parts, hidden).sum(0)]
+        whole = golden.ffn_expert(wg, wu, wd, x, bench.table, shifts, cfg.x_width, cfg.acc_width)
+        assert total == whole, f"N={parts}, I={inter}: TP sum differs from the whole expert"
+    bench.check()
+
+
+def _dram_times(cfg, beats, origin):
+    """Edge before which each weight beat may not be taken, DRAM clock 0 at edge ``origin``."""
+    beat_bytes = math.ceil(cfg.mults * cfg.w_width / 8)
+    stream = Ddr4Stream(beat_bytes * beats)
+    ready = stream.beat_ready_cycles(beat_bytes, beats)
+    # A beat driven after edge e is taken at e + 1 at the earliest.
+    return stream, [origin + r - 1 for r in ready]
+
+
+@cocotb.test()
+async def test_ddr4_fed_weights(dut):
+    """Weights arrive as the DDR4-3200 model delivers them (and the output stalls): results
+    match and no beat is taken before the DRAM could have delivered it."""
+    bench = _setup(dut, "ddr4", stall=0.2)
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    await bench.write_lut(_silu_table(cfg))
+    rows, cols = 2 * cfg.mults + 1, cfg.max_cols
+    weights = bench.weights(rows, cols)
+    beats = len(golden.gemv_weight_beats(weights, cfg.mults))
+    origin = edge_now()
+    stream, not_before = _dram_times(cfg, beats, origin)
+    bench.gemv(weights, bench.vector(cols), not_before=not_before)
+    await bench.drain()
+    taken = bench.sources["w"].sent_edges
+    assert all(t >= nb + 1 for t, nb in zip(taken, not_before)), "beat taken before it arrived"
+    bench.check()
+
+
+@cocotb.test()
+async def test_reset_mid_command(dut):
+    """Reset in the middle of an ffn_slice, then a fresh command: only its results appear."""
+    bench = _setup(dut, "reset", gap=0.3, stall=0.3)
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    await bench.write_lut(_silu_table(cfg))
+    hidden, inter = cfg.max_cols, cfg.max_inter
+    bench.ffn(*_ffn_weights(bench, inter, hidden), bench.vector(hidden), _shifts(bench, hidden))
+    await ClockCycles(dut.clk, golden.weight_beats(1, inter, hidden, cfg.mults) // 2 + 5)
+    bench.stop()
+    await reset_dut(dut)
+    assert not dut.busy.value and not dut.y__valid.value, "state survived the reset"
+    bench.y.received.clear()
+    bench.expected.clear()
+    bench.start()
+    bench.gemv(bench.weights(3, hidden), bench.vector(hidden))
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_bad_commands_set_sticky_error(dut):
+    """Zero sizes, cols > max_cols and ffn rows > max_inter are dropped with a sticky error; the
+    core keeps working."""
+    bench = _setup(dut, "bad")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    bad = [(golden.OP_GEMV, 0, 4), (golden.OP_GEMV, 4, 0), (golden.OP_GEMV, 1, cfg.max_cols + 1),
+           (golden.OP_FFN_SLICE, cfg.max_inter + 1, 4), (golden.OP_FFN_SLICE, 0, 4)]
+    for op, rows, cols in bad:
+        bench.sources["cmd"].send({"op": op, "load_x": 1, "rows": rows, "cols": cols,
+                                   "shift_g": 0, "shift_u": 0, "shift_h": 0})
+        await wait_for(dut, lambda: bench.sources["cmd"].idle, 50, "bad command taken")
+        await ClockCycles(dut.clk, 3)
+        assert dut.error.value == 1, f"no error for op={op} rows={rows} cols={cols}"
+        assert not dut.busy.value and not dut.x__ready.value, "a bad command started"
+    bench.gemv(bench.weights(2, 3), bench.vector(3))
+    await bench.drain()
+    assert bench.results() == bench.expected and dut.error.value == 1, "error not sticky"
+
+
+@cocotb.test()
+async def test_cycle_exact(dut):
+    """Back-to-back commands with waiting streams and a ready output: every command, weight
+    beat and result transfer lands on the edge :func:`golden.ndp.timeline` gives (including
+    single-beat rows waiting for output slots)."""
+    bench = _setup(dut, "cycles")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    await bench.write_lut(_silu_table(cfg))
+    hidden = min(cfg.max_cols, 2 * cfg.mults + 1)
+    plan = [(golden.OP_GEMV, 5, hidden, True), (golden.OP_GEMV, 3, hidden, False),
+            (golden.OP_FFN_SLICE, min(cfg.max_inter, 2 * cfg.mults + 1), hidden, True),
+            (golden.OP_FFN_SLICE, 1, hidden, False),
+            (golden.OP_GEMV, 2 * cfg.out_depth + 1, 1, True)]
+    for op, rows, cols, load_x in plan:
+        if op == golden.OP_GEMV:
+            bench.gemv(bench.weights(rows, cols), bench.vector(cols), load_x=load_x)
+        else:
+            bench.ffn(*_ffn_weights(bench, rows, cols), bench.vector(cols),
+                      _shifts(bench, cols), load_x=load_x)
+    await bench.drain()
+    bench.check()
+    origin = bench.sources["cmd"].sent_edges[0]
+    have = ([e - origin for e in bench.sources["cmd"].sent_edges],
+            [e - origin for e in bench.sources["w"].sent_edges],
+            [e - origin for e, _ in bench.y.received])
+    want = golden.timeline([p[:4] for p in plan], cfg.out_depth, cfg.mults)
+    for name, got, expected in zip(("command", "weight beat", "result"), have, want):
+        assert len(got) == len(expected), f"{len(got)} {name} transfers, expected {len(expected)}"
+        for index, (g, e) in enumerate(zip(got, expected)):
+            assert g == e, f"{name} {index}: edge {g}, expected {e}"
+
+
+@cocotb.test()
+async def test_throughput(dut):
+    """MAC utilization with an ideal weight stream and with the DDR4 model, and the cycles of a
+    scaled Table II expert slice; asserted against the cycle model, written for make bench."""
+    bench = _setup(dut, "throughput")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    await bench.write_lut(_silu_table(cfg))
+    M = cfg.mults
+    rows, cols = 4 * M, cfg.max_cols
+    metrics, simulated, wall = {}, 0, time.perf_counter()
+
+    async def run(label, op, rows, cols, weights_fn):
+        start = edge_now()
+        weights_fn()
+        await bench.drain()
+        bench.check()
+        cmd_edge = bench.sources["cmd"].sent_edges[-1]
+        last_beat = bench.sources["w"].sent_edges[-1]
+        cycles = last_beat - cmd_edge + 1
+        macs = golden.useful_macs(op, rows, cols)
+        return start, cycles, macs
+
+    weights = bench.weights(rows, cols)
+    x = bench.vector(cols)
+    _, cycles, macs = await run("ideal", golden.OP_GEMV, rows, cols,
+                                lambda: bench.gemv(weights, x))
+    want = golden.command_cycles(golden.OP_GEMV, rows, cols, True, M, cfg.out_depth)
+    assert cycles == want, f"ideal gemv: {cycles} cycles, expected {want}"
+    metrics["gemv_mac_util_ideal"] = round(macs / (M * cycles), 3)
+    metrics["gemv_cycles"] = cycles
+
+    origin = edge_now() + 1
+    beats = golden.weight_beats(golden.OP_GEMV, rows, cols, M)
+    stream, not_before = _dram_times(cfg, beats, origin)
+    _, cycles, macs = await run("ddr4", golden.OP_GEMV, rows, cols,
+                                lambda: bench.gemv(weights, x, not_before=not_before))
+    dram_cycles = bench.sources["w"].sent_edges[-1] - origin
+    assert dram_cycles >= stream.last_data_cycle, "weights consumed faster than DDR4 delivers"
+    metrics["gemv_mac_util_ddr4"] = round(macs / (M * dram_cycles), 3)
+
+    # make demo's 4-DIMM tensor-parallel expert: Qwen3-30B-A3B (hidden 2048, intermediate 768)
+    # scaled down to the buffers; the four slices run in turn, the host sums their outputs.
+    hidden = min(cols, 2048)
+    inter = max(4, min(4 * cfg.max_inter, 768 * hidden // 2048))
+    wg, wu, wd = _ffn_weights(bench, inter, hidden)
+    x, shifts = bench.vector(hidden), _shifts(bench, hidden)
+    partials, slice_cycles, macs = [], [], 0
+    for wg_s, wu_s, wd_s in golden.split_expert(wg, wu, wd, 4):
+        first = len(bench.expected)
+        _, cycles, slice_macs = await run("ffn", golden.OP_FFN_SLICE, wg_s.shape[0], hidden,
+                                          lambda: bench.ffn(wg_s, wu_s, wd_s, x, shifts))
+        want = golden.command_cycles(golden.OP_FFN_SLICE, wg_s.shape[0], hidden, True, M,
+                                     cfg.out_depth)
+        assert cycles == want, f"ffn_slice: {cycles} cycles, expected {want}"
+        partials.append([v for v, _ in bench.results()[first:]])
+        slice_cycles.append(cycles)
+        macs += slice_macs
+    total = [golden.wrap(v, cfg.acc_width) for v in np.array(partials, dtype=object).sum(0)]
+    whole = golden.ffn_expert(wg, wu, wd, x, bench.table, shifts, cfg.x_width, cfg.acc_width)
+    assert total == whole, "4-DIMM tensor-parallel sum differs from the whole expert"
+    metrics[f"tp4_expert_{hidden}x{inter}_slice_cycles"] = max(slice_cycles)
+    metrics["ffn_mac_util"] = round(macs / (M * sum(slice_cycles)), 3)
+    simulated = edge_now()
+    write_throughput(metrics, "MAC utilization (useful MACs / M per cycle), cycles",
+                     simulated / (time.perf_counter() - wall),
+                     ddr4_gb_s=round(stream.bandwidth_gb_s(), 2),
+                     ddr4_peak_gb_s=TABLE_I.peak_bytes_per_clock(DDR4_3200AA)
+                     / DDR4_3200AA.tCK_ns)

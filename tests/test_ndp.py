@@ -1,0 +1,193 @@
+"""ndp_core: golden arithmetic, the DDR4 model, config validation and cocotb on both
+simulators."""
+
+import numpy as np
+import pytest
+
+from conftest import SIMULATORS, config_id, run_block
+from golden import ndp as golden
+from hw.ndp import NdpConfig
+from hw.params import ParamError
+from flows import ndp_schedule
+from tb.dram import DDR4_3200AA, TABLE_I, Command, Ddr4Stream, check_trace
+
+COCOTB_TESTS = 13
+
+SIM_CONFIGS = [
+    # 8 multipliers, power-of-two sizes, rows of several beats.
+    {"mults": 8, "max_cols": 64, "max_inter": 32},
+    # Odd M, narrow operands, a 16-bit accumulator that wraps, 4 output slots (slot-limited
+    # single-beat rows), buffers that are not multiples of M.
+    {"mults": 5, "w_width": 4, "x_width": 6, "acc_width": 16, "max_cols": 23, "max_inter": 11,
+     "out_depth": 4},
+    # Table I's 64 multipliers with int8 operands (the make demo configuration).
+    {"max_cols": 256, "max_inter": 128},
+]
+
+# The defaults (1024-element activation buffer): longer rows, slower on Icarus.
+SWEEP_CONFIGS = [{}]
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("simulator", SIMULATORS)
+@pytest.mark.parametrize("params", SWEEP_CONFIGS, ids=[config_id(p) for p in SWEEP_CONFIGS])
+def test_cocotb_sweep(params, simulator):
+    assert run_block("ndp_core", params, simulator).tests == COCOTB_TESTS
+
+
+def test_requant_rounds_half_up_and_saturates():
+    assert golden.requant(5, 1, 8) == 3          # 2.5 -> 3
+    assert golden.requant(-5, 1, 8) == -2        # -2.5 -> -2 (half up, towards +inf)
+    assert golden.requant(-6, 2, 8) == -1        # -1.5 -> -1
+    assert golden.requant(300, 0, 8) == 127 and golden.requant(-300, 0, 8) == -128
+    assert golden.requant(1 << 40, 31, 8) == 127
+
+
+def test_wrap_is_twos_complement():
+    assert golden.wrap(1 << 15, 16) == -(1 << 15)
+    assert golden.wrap(-(1 << 15) - 1, 16) == (1 << 15) - 1
+
+
+def test_split_sizes_even_and_uneven():
+    assert golden.split_sizes(12, 4) == [3, 3, 3, 3]
+    assert golden.split_sizes(13, 4) == [4, 3, 3, 3]
+    with pytest.raises(ValueError):
+        golden.split_sizes(3, 4)
+
+
+@pytest.mark.parametrize("parts, inter", [(2, 16), (4, 16), (6, 16), (4, 13), (6, 7)])
+def test_tensor_parallel_sum_equals_whole_expert(parts, inter):
+    rng = np.random.default_rng(parts * 100 + inter)
+    hidden = 20
+    wg, wu = (rng.integers(-128, 128, (inter, hidden)) for _ in range(2))
+    wd = rng.integers(-128, 128, (hidden, inter))
+    x = list(rng.integers(-128, 128, hidden))
+    lut = golden.activation_lut("silu", 8, 4, 4)
+    shifts = (9, 9, 6)
+    whole = golden.ffn_expert(wg, wu, wd, x, lut, shifts, 8, 32)
+    partials = [golden.ffn_slice(g, u, d, x, lut, shifts, 8, 32)[0]
+                for g, u, d in golden.split_expert(wg, wu, wd, parts)]
+    total = [golden.wrap(v, 32) for v in np.array(partials, dtype=object).sum(0)]
+    assert total == whole
+
+
+def test_activation_tables():
+    relu = golden.activation_lut("relu", 8, 4, 4)
+    assert relu[5] == 5 and relu[256 - 5] == 0
+    silu = golden.activation_lut("silu", 8, 4, 4)
+    assert silu[16] == round(16 / (1 + np.exp(-1.0)))     # silu(1.0) in 4 fraction bits
+    assert golden.activation_lut("gelu", 8, 4, 4)[127] == 127
+
+
+def test_weight_stream_order():
+    wg = np.array([[1, 2, 3]]); wu = np.array([[4, 5, 6]]); wd = np.array([[7], [8], [9]])
+    beats = golden.ffn_weight_beats(wg, wu, wd, 2)
+    assert beats == [[1, 2], [3, 0], [4, 5], [6, 0], [7, 0], [8, 0], [9, 0]]
+
+
+def test_cycle_model_by_hand():
+    # gemv 5x17 on M=8 with x: 1 command edge + 3 x beats + 5*3 weight beats.
+    assert golden.command_cycles(golden.OP_GEMV, 5, 17, True, 8, 16) == 1 + 3 + 15
+    # ffn_slice I_s=3, D=17, M=8: 2*3*3 gate beats, drain 3+4, 17 Wd rows of 1 beat.
+    assert golden.command_cycles(golden.OP_FFN_SLICE, 3, 17, False, 8, 16) == 1 + 18 + 7 + 17
+    assert golden.result_latency(64) == 11 and golden.result_latency(1) == 5
+    # M=5: latency 8; 4 slots: 4 single-beat rows, then the first slot frees at edge 1+8+1.
+    _, beats, results = golden.timeline([(golden.OP_GEMV, 6, 1, False)], 4, 5)
+    assert beats == [1, 2, 3, 4, 10, 11] and results == [9, 10, 11, 12, 18, 19]
+
+
+@pytest.mark.parametrize("total_bytes", [64, 4096, 300 * 1024, 1 << 20])
+def test_ddr4_schedule_obeys_every_timing(total_bytes):
+    stream = Ddr4Stream(total_bytes)
+    assert check_trace(stream.commands) == []
+    peak = TABLE_I.peak_bytes_per_clock(DDR4_3200AA)
+    first = min(stream.data_start)
+    for cycle in range(first, stream.last_data_cycle + 1, 7):
+        assert stream.bytes_by(cycle) <= peak * (cycle - first)
+    assert stream.bytes_by(stream.last_data_cycle) == total_bytes
+    assert stream.bandwidth_gb_s() <= peak / DDR4_3200AA.tCK_ns
+
+
+def test_ddr4_streams_near_peak_and_pays_first_access():
+    stream = Ddr4Stream(1 << 20)
+    assert stream.data_start[0] == DDR4_3200AA.RCD + DDR4_3200AA.CL
+    assert 0.99 * 102.4 <= stream.bandwidth_gb_s() <= 102.4
+
+
+@pytest.mark.parametrize("commands, rule", [
+    ([Command(0, "ACT", 0, 0, 0), Command(10, "RD", 0, 0, 0)], "tRCD"),
+    ([Command(0, "ACT", 0, 0, 0), Command(22, "RD", 0, 0, 0), Command(26, "RD", 0, 0, 0)],
+     "tCCD"),
+    ([Command(0, "ACT", 0, 0, 0), Command(30, "PRE", 0, 0, 0)], "tRAS"),
+    ([Command(0, "ACT", 0, 0, 0), Command(22, "RD", 0, 0, 1)], "closed row"),
+    ([Command(c, "ACT", c // 8 % 8, c // 64, 0) for c in range(0, 40, 8)], "tFAW"),
+])
+def test_ddr4_checker_catches_violations(commands, rule):
+    assert any(rule in error for error in check_trace(commands))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"mults": 0}, "parameter 'mults': got 0; allowed: an integer in 1..128"),
+    ({"x_width": 11}, "parameter 'x_width': got 11; allowed: an integer in 2..10"),
+    ({"out_depth": 1}, "parameter 'out_depth': got 1; allowed: an integer in 2..256"),
+])
+def test_config_rejects_bad_values(kwargs, message):
+    with pytest.raises(ParamError) as info:
+        NdpConfig(**kwargs)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("simulator", SIMULATORS)
+@pytest.mark.parametrize("params", SIM_CONFIGS, ids=[config_id(p) for p in SIM_CONFIGS])
+def test_cocotb(params, simulator):
+    assert run_block("ndp_core", params, simulator).tests == COCOTB_TESTS
+
+
+# --- schedule model (flows/ndp_schedule.py) ----------------------------------------------------
+
+def test_eg_prime_follows_the_text():
+    assert ndp_schedule.eg_prime(1.5, 2) == 0.25      # one N-th of the fractional part
+    assert ndp_schedule.eg_prime(2.0, 2) == 0.5       # integer multiple of N: nominal 1/N
+    assert ndp_schedule.eg_prime(1.0, 2) == 0.0 and ndp_schedule.eg_prime(0.0, 2) == 0.0
+
+
+def test_balance_equations_on_hand_computed_cases():
+    # Eq. (1): 10 E_g + 2 E_g' = 3 T_a + 5 (4 - E_g); at E_g = 1.5: 15 + 0.5 = 3 + 12.5.
+    assert abs(ndp_schedule.solve_balance(4, 10, 2, 5, 1, 2) - 1.5) < 1e-9
+    # Eq. (2), S = 3 adds (S-1) T_a N = 4 to the GPU side: 16 E_g - 1 = 19 on (1, 2).
+    assert abs(ndp_schedule.solve_balance(4, 10, 2, 5, 1, 2, seq_len=3) - 1.25) < 1e-9
+    # Eq. (3): 2 E_max = (4 - E_max) 5 + 3.
+    assert abs(ndp_schedule.solve_e_max(4, 2, 5, 1, 2) - 23 / 7) < 1e-12
+    # Sides that never meet: all on the NDPs, or all on the GPU.
+    assert ndp_schedule.solve_balance(4, 100, 2, 0.1, 1, 2, seq_len=10) == 0.0
+    assert ndp_schedule.solve_balance(4, 0.001, 0.001, 50, 10, 2) == 4.0
+
+
+def test_ndp_time_is_the_rtl_cycle_model():
+    hw = ndp_schedule.Hardware()
+    cycles = golden.command_cycles(golden.OP_FFN_SLICE, 192, 2048, True, 64, 16)
+    first_beat = DDR4_3200AA.RCD + DDR4_3200AA.CL + DDR4_3200AA.BL
+    assert ndp_schedule.ndp_slice_seconds(hw, 2048, 192) == (cycles + first_beat) / 1.6e9
+
+
+def test_schedule_rows_and_averages():
+    rows = ndp_schedule.run(models=ndp_schedule.MODELS[:2], dimms=(2, 4))
+    assert [(r["model"], r["dimms"]) for r in rows] == [
+        ("DeepSeek-MoE", 2), ("DeepSeek-MoE", 4), ("Qwen3-30B-A3B", 2), ("Qwen3-30B-A3B", 4)]
+    for r in rows:
+        assert r["decode"]["MoNDE"] == 1.0
+        assert all(v > 0 for v in r["decode"].values())
+        # More DIMMs: every TP slice is shorter, so TP's own latency falls.
+        assert 0 <= r["figures"]["e_max"] <= ndp_schedule.MODELS[0].topk + 2
+    tp = [r["figures"]["decode"]["TP"] for r in rows]
+    assert tp[1] < tp[0] and tp[3] < tp[2]
+    text = ndp_schedule.format_table(rows)
+    assert "paper 2.41x average" in text and "decode   TP          " in text
+
+
+def test_schedule_cli(tmp_path):
+    from flows.cli import main
+    assert main(["schedule", "--dimms", "4", "-o", str(tmp_path)]) == 0
+    assert (tmp_path / "ndp_schedule.png").stat().st_size > 10000
+    assert main(["schedule", "--dimms", "0,4"]) == 2
+    assert main(["schedule", "--skew", "9"]) == 2
