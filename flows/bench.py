@@ -103,9 +103,10 @@ def run_demo():
           "round-robin vs clustered placement, root-link flits per token forwarding every "
           "expert / every leaf / in-network combine; topk_router: routes per cycle, latency, "
           "r of a top-k trace routed by the RTL")
-    print("ndp_core: MAC utilization (useful MACs / M per cycle) with an ideal weight stream "
-          "and fed by the DDR4-3200 model; cycles per ffn_slice of a 4-DIMM tensor-parallel "
-          "expert (sum checked against the whole expert)")
+    print("ndp_core: MAC utilization (useful MACs / M per cycle) of a gemv with an ideal "
+          "weight stream and fed by the DDR4-3200 model; a 4-DIMM tensor-parallel Qwen3 expert "
+          "scaled to the buffers (slice cycles, partial sums checked against the whole "
+          "expert); one DIMM's slice (N = 4) of each Table II expert, scaled, in cycles")
     print(f"Verilog, manifests and synthesis reports: {BUILD_ROOT / 'demo'}")
     for block in all_blocks():
         if block.demo_report is not None:

@@ -12,8 +12,9 @@ import time
 
 import cocotb
 import numpy as np
-from cocotb.triggers import ClockCycles, RisingEdge
+from cocotb.triggers import ClockCycles
 
+from flows import ndp_schedule
 from golden import ndp as golden
 from tb.dram import DDR4_3200AA, TABLE_I, Ddr4Stream
 from tb.harness import load_dut_config, make_rng, write_throughput
@@ -350,44 +351,48 @@ async def test_cycle_exact(dut):
 
 @cocotb.test()
 async def test_throughput(dut):
-    """MAC utilization with an ideal weight stream and with the DDR4 model, and the cycles of a
-    scaled Table II expert slice; asserted against the cycle model, written for make bench."""
+    """MAC utilization with an ideal weight stream and with the DDR4 model (every beat taken
+    at its arrival), a 4-DIMM tensor-parallel expert, and the cycles of one DIMM's slice of each
+    Table II expert scaled to the buffers; asserted against the cycle model, written for make
+    bench and make demo."""
     bench = _setup(dut, "throughput")
     await start_after_reset(dut, bench)
     cfg = bench.cfg
     await bench.write_lut(_silu_table(cfg))
     M = cfg.mults
     rows, cols = 4 * M, cfg.max_cols
-    metrics, simulated, wall = {}, 0, time.perf_counter()
+    metrics, wall = {}, time.perf_counter()
 
-    async def run(label, op, rows, cols, weights_fn):
-        start = edge_now()
-        weights_fn()
+    async def run(op, rows, cols, queue):
+        """Queue one command with ``queue()``; its cycles (command edge to the edge after its
+        last weight beat) and useful MACs."""
+        queue()
         await bench.drain()
         bench.check()
-        cmd_edge = bench.sources["cmd"].sent_edges[-1]
-        last_beat = bench.sources["w"].sent_edges[-1]
-        cycles = last_beat - cmd_edge + 1
-        macs = golden.useful_macs(op, rows, cols)
-        return start, cycles, macs
+        cycles = bench.sources["w"].sent_edges[-1] - bench.sources["cmd"].sent_edges[-1] + 1
+        return cycles, golden.useful_macs(op, rows, cols)
 
     weights = bench.weights(rows, cols)
     x = bench.vector(cols)
-    _, cycles, macs = await run("ideal", golden.OP_GEMV, rows, cols,
-                                lambda: bench.gemv(weights, x))
+    cycles, macs = await run(golden.OP_GEMV, rows, cols, lambda: bench.gemv(weights, x))
     want = golden.command_cycles(golden.OP_GEMV, rows, cols, True, M, cfg.out_depth)
     assert cycles == want, f"ideal gemv: {cycles} cycles, expected {want}"
     metrics["gemv_mac_util_ideal"] = round(macs / (M * cycles), 3)
     metrics["gemv_cycles"] = cycles
 
+    # Fed by the DDR4 model: every beat is taken the edge after it arrives or the edge after
+    # the previous beat, whichever is later (the core never adds a bubble of its own).
     origin = edge_now() + 1
     beats = golden.weight_beats(golden.OP_GEMV, rows, cols, M)
     stream, not_before = _dram_times(cfg, beats, origin)
-    _, cycles, macs = await run("ddr4", golden.OP_GEMV, rows, cols,
-                                lambda: bench.gemv(weights, x, not_before=not_before))
-    dram_cycles = bench.sources["w"].sent_edges[-1] - origin
-    assert dram_cycles >= stream.last_data_cycle, "weights consumed faster than DDR4 delivers"
-    metrics["gemv_mac_util_ddr4"] = round(macs / (M * dram_cycles), 3)
+    await run(golden.OP_GEMV, rows, cols, lambda: bench.gemv(weights, x, not_before=not_before))
+    edge = bench.sources["cmd"].sent_edges[-1] + math.ceil(cols / M)     # last x beat
+    expected = []
+    for arrival in not_before:
+        edge = max(edge + 1, arrival + 1)
+        expected.append(edge)
+    assert bench.sources["w"].sent_edges[-beats:] == expected, "DDR4-fed beats not at arrival"
+    metrics["gemv_mac_util_ddr4"] = round(macs / (M * (expected[-1] - origin + 1)), 3)
 
     # make demo's 4-DIMM tensor-parallel expert: Qwen3-30B-A3B (hidden 2048, intermediate 768)
     # scaled down to the buffers; the four slices run in turn, the host sums their outputs.
@@ -398,8 +403,8 @@ async def test_throughput(dut):
     partials, slice_cycles, macs = [], [], 0
     for wg_s, wu_s, wd_s in golden.split_expert(wg, wu, wd, 4):
         first = len(bench.expected)
-        _, cycles, slice_macs = await run("ffn", golden.OP_FFN_SLICE, wg_s.shape[0], hidden,
-                                          lambda: bench.ffn(wg_s, wu_s, wd_s, x, shifts))
+        cycles, slice_macs = await run(golden.OP_FFN_SLICE, wg_s.shape[0], hidden,
+                                       lambda: bench.ffn(wg_s, wu_s, wd_s, x, shifts))
         want = golden.command_cycles(golden.OP_FFN_SLICE, wg_s.shape[0], hidden, True, M,
                                      cfg.out_depth)
         assert cycles == want, f"ffn_slice: {cycles} cycles, expected {want}"
@@ -411,9 +416,20 @@ async def test_throughput(dut):
     assert total == whole, "4-DIMM tensor-parallel sum differs from the whole expert"
     metrics[f"tp4_expert_{hidden}x{inter}_slice_cycles"] = max(slice_cycles)
     metrics["ffn_mac_util"] = round(macs / (M * sum(slice_cycles)), 3)
-    simulated = edge_now()
+
+    # One DIMM's slice (N = 4) of each Table II expert, scaled by one factor to fit the buffers.
+    for model in ndp_schedule.MODELS:
+        scale = max(math.ceil(model.hidden / cols), math.ceil(model.inter / 4 / cfg.max_inter))
+        hidden, inter = math.ceil(model.hidden / scale), math.ceil(model.inter / scale / 4)
+        wg, wu, wd = _ffn_weights(bench, inter, hidden)
+        cycles, _ = await run(golden.OP_FFN_SLICE, inter, hidden,
+                              lambda: bench.ffn(wg, wu, wd, bench.vector(hidden),
+                                                _shifts(bench, hidden)))
+        want = golden.command_cycles(golden.OP_FFN_SLICE, inter, hidden, True, M, cfg.out_depth)
+        assert cycles == want, f"{model.name} slice: {cycles} cycles, expected {want}"
+        metrics[f"{model.name.split('-')[0].lower()}_{hidden}x{inter}_cycles"] = cycles
     write_throughput(metrics, "MAC utilization (useful MACs / M per cycle), cycles",
-                     simulated / (time.perf_counter() - wall),
+                     edge_now() / (time.perf_counter() - wall),
                      ddr4_gb_s=round(stream.bandwidth_gb_s(), 2),
                      ddr4_peak_gb_s=TABLE_I.peak_bytes_per_clock(DDR4_3200AA)
                      / DDR4_3200AA.tCK_ns)
