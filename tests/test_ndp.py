@@ -24,8 +24,10 @@ SIM_CONFIGS = [
     {"max_cols": 256, "max_inter": 128},
 ]
 
-# The defaults (1024-element activation buffer): longer rows, slower on Icarus.
-SWEEP_CONFIGS = [{}]
+# Buffers for full-size Table II slices: test_throughput then runs Qwen3-30B-A3B's (2048 x 192)
+# and DeepSeek-MoE's (2048 x 352) 4-DIMM slices unscaled.
+# Plus the defaults (1024 / 256).
+SWEEP_CONFIGS = [{}, {"max_cols": 2048, "max_inter": 384}]
 
 
 @pytest.mark.sweep
