@@ -13,7 +13,7 @@ from pathlib import Path
 
 from flows.cli import _table
 from flows.sim import SimFailure, run_tests
-from flows.synth import synthesize
+from flows.synth import SynthError, synthesize
 from flows.toolchain import BUILD_ROOT
 from flows.verilog import generate
 from tb.harness import THROUGHPUT_FILE
@@ -89,7 +89,11 @@ def run_demo():
             measured = _metrics_text(_throughput(result)["metrics"])
         except SimFailure as failure:
             verdict, measured, status = f"FAIL ({failure})", "-", 1
-        area = synthesize(block, config, "generic", out_dir)
+        try:
+            area = synthesize(block, config, "generic", out_dir)
+        except SynthError as failure:
+            print(f"demo: {block.name} {label}: synthesis FAILED: {failure}", flush=True)
+            area, status = {"cells": "FAIL", "flip_flops": "-", "luts": "-"}, 1
         rows.append((block.name, label, verdict, measured, area["cells"], area["flip_flops"],
                      area["luts"]))
     print()

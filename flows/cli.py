@@ -80,9 +80,13 @@ def cmd_sim(args):
 
 
 def cmd_synth(args):
-    from flows.synth import synthesize
+    from flows.synth import SynthError, synthesize
     block, config = _block_and_config(args)
-    report = synthesize(block, config, args.target)
+    try:
+        report = synthesize(block, config, args.target)
+    except SynthError as failure:
+        print(f"moegen: FAILED: {failure}", file=sys.stderr)
+        return 1
     print(_table(["block", "target", "cells", "flip-flops", "LUTs", "DSPs"],
                  [(block.name, args.target, report["cells"], report["flip_flops"],
                    report["luts"], report["dsps"])]))

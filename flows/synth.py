@@ -65,11 +65,15 @@ def synthesize(block, config, target="generic", out_dir=None):
     stat_path = out_dir / f"{block.name}.{target}.stat.json"
     script = (f"read_verilog {v_path.name}; " + TARGETS[target].format(top=block.name)
               + f"; tee -q -o {stat_path.name} stat -json")
-    proc = subprocess.run([_yosys(), "-q", "-p", script],
+    log_path = out_dir / f"{block.name}.{target}.yosys.log"
+    proc = subprocess.run([_yosys(), "-q", "-l", log_path.name, "-p", script],
                           cwd=out_dir, capture_output=True, text=True)
     if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        raise SynthError(f"yosys failed for {block.name} ({target}):\n{tail}")
+        # Yosys (or ABC inside it) may exit without a word on stderr: show the log's end.
+        log = log_path.read_text() if log_path.exists() else ""
+        tail = "\n".join((proc.stdout + proc.stderr + log).strip().splitlines()[-8:])
+        raise SynthError(f"yosys exited with status {proc.returncode} for {block.name} "
+                         f"({target}); log {log_path}:\n{tail}")
     stat = json.loads(stat_path.read_text())
     design = stat.get("design") or next(iter(stat["modules"].values()))
     cell_counts = {k: int(v) for k, v in design.get("num_cells_by_type", {}).items()}

@@ -19,7 +19,7 @@ cycle:
 
 import dataclasses
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -246,8 +246,14 @@ class TopKRouter(wiring.Component):
 
         # Output stage: the destination mask from the table as it stands at this edge.
         leaf_bits = []
-        for expert in chosen_index:
-            leaf_bits.append(Const(1, cfg.leaves) << Array(leaf_of)[expert])
+        # An explicit compare per expert, not Array(leaf_of)[expert]: with the Array read,
+        # Yosys 0.70's ABC9 (yowasp build) exits without a message on the default router.
+        for i, expert in enumerate(chosen_index):
+            leaf = Signal(len(self.table.payload.leaf), name=f"leaf{i}")
+            for e in range(E):
+                with m.If(expert == e):
+                    m.d.comb += leaf.eq(leaf_of[e])
+            leaf_bits.append(Const(1, cfg.leaves) << leaf)
         mask = leaf_bits[0]
         for bits in leaf_bits[1:]:
             mask = mask | bits

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from flows import toolchain
 from hw.params import ParamError, parse_params
 from hw.registry import all_blocks, get_block
@@ -71,3 +73,12 @@ def test_synth_reports_cells_for_a_small_array(tmp_path):
                         tmp_path)
     assert report["cells"] > 0 and report["flip_flops"] > 0 and report["luts"] > 0
     assert (tmp_path / "systolic.generic.synth.json").is_file()
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("name, params", [(b.name, p) for b in all_blocks()
+                                          for p in b.demo_configs])
+def test_demo_configurations_synthesize(name, params, tmp_path):
+    from flows.synth import synthesize
+    block = get_block(name)
+    assert synthesize(block, block.config(**params), "generic", tmp_path)["cells"] > 0

@@ -193,3 +193,11 @@ def test_schedule_cli(tmp_path):
     assert (tmp_path / "ndp_schedule.png").stat().st_size > 10000
     assert main(["schedule", "--dimms", "0,4"]) == 2
     assert main(["schedule", "--skew", "9"]) == 2
+
+
+def test_synthesizes_with_one_multiplier_per_lane(tmp_path):
+    from flows.synth import synthesize
+    from hw.registry import get_block
+    block = get_block("ndp_core")
+    report = synthesize(block, block.config(**SIM_CONFIGS[0]), "generic", tmp_path)
+    assert report["flip_flops"] > 0 and report["luts"] > 0

@@ -6,6 +6,7 @@ import pytest
 from conftest import SIMULATORS, config_id, run_block
 from golden import router as golden
 from hw.params import ParamError
+from hw.registry import get_block
 from hw.router import RouterConfig
 
 SIM_CONFIGS = [
@@ -69,3 +70,11 @@ def test_cocotb_sweep(params, simulator):
 @pytest.mark.parametrize("params", SIM_CONFIGS, ids=[config_id(p) for p in SIM_CONFIGS])
 def test_cocotb(params, simulator):
     assert run_block("topk_router", params, simulator).tests == 8
+
+
+def test_default_router_synthesizes(tmp_path):
+    # Regression: an Array-indexed table read made Yosys 0.70's ABC9 exit without a message.
+    from flows.synth import synthesize
+    block = get_block("topk_router")
+    report = synthesize(block, block.config(), "generic", tmp_path)
+    assert report["flip_flops"] > 0 and report["luts"] > 0
