@@ -1,0 +1,111 @@
+"""Leaky integrate-and-fire neurons (``lif``): the spike generators of a spiking expert core.
+
+Source: seed 004 §II-A, equations (1)-(2) (V[t] = V[t-1] + X[t] - Vleak; spike and reset to 0
+when V[t] > Vth), §III-B (the spike generators on the top tier keep the membrane potentials and
+emit output spikes). The order of leak, integrate, compare and reset, the widths and the
+saturation are in :mod:`golden.spiking` and the README ("LIF contract").
+
+N neurons step together: one input beat (N synaptic inputs) is one timestep, taken every cycle
+the output register is free or being emptied; the step's spikes and potentials leave one edge
+later. ``Vth`` and ``Vleak`` come through the always-ready ``params`` stream; a write taken at
+edge e applies to input beats taken after e.
+"""
+
+import dataclasses
+
+from amaranth.hdl import Module, Mux, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from golden import spiking as golden
+from hw.params import int_param, validate
+from hw.registry import Block, register
+
+__all__ = ["LifConfig", "Lif"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LifConfig:
+    """Parameters of ``lif``.
+
+    Parameters
+    ----------
+    neurons : int
+        N, neurons stepping together (one input beat = one timestep of all of them).
+    x_width : int
+        Bits of a signed synaptic input (seed 004 §V-A: 16-bit synaptic integration).
+    v_width : int
+        Bits of a signed membrane potential, of Vth and of Vleak; V saturates at this width.
+    """
+    neurons: int = int_param(16, 1, 128, "N, neurons stepping together")
+    x_width: int = int_param(16, 2, 32, "bits of a signed synaptic input")
+    v_width: int = int_param(16, 2, 40, "bits of a signed membrane potential, Vth and Vleak")
+
+    def __post_init__(self):
+        validate(self)
+
+
+class Lif(wiring.Component):
+    """``lif``: ``x`` {x[N], last} and ``params`` {vth, vleak} in, ``s`` {spikes, v[N], last} out.
+    """
+
+    def __init__(self, config):
+        self._cfg = cfg = config
+        N = cfg.neurons
+        super().__init__({
+            "x": In(stream.Signature(data.StructLayout({
+                "x": data.ArrayLayout(signed(cfg.x_width), N), "last": 1}))),
+            "params": In(stream.Signature(data.StructLayout({
+                "vth": signed(cfg.v_width), "vleak": signed(cfg.v_width)}))),
+            "s": Out(stream.Signature(data.StructLayout({
+                "spikes": N, "v": data.ArrayLayout(signed(cfg.v_width), N), "last": 1}))),
+        })
+
+    @property
+    def config(self):
+        return self._cfg
+
+    def elaborate(self, platform):
+        cfg = self._cfg
+        N, vw = cfg.neurons, cfg.v_width
+        m = Module()
+        low, high = -(1 << (vw - 1)), (1 << (vw - 1)) - 1
+
+        vth = Signal(signed(vw))
+        vleak = Signal(signed(vw))
+        m.d.comb += self.params.ready.eq(1)
+        with m.If(self.params.valid):
+            m.d.sync += [vth.eq(self.params.payload.vth), vleak.eq(self.params.payload.vleak)]
+
+        potentials = [Signal(signed(vw), name=f"v{i}") for i in range(N)]
+        take = Signal()
+        m.d.comb += [self.x.ready.eq(~self.s.valid | self.s.ready),
+                     take.eq(self.x.valid & self.x.ready)]
+        with m.If(self.s.ready):
+            m.d.sync += self.s.valid.eq(0)
+
+        out = self.s.payload
+        with m.If(take):
+            m.d.sync += [self.s.valid.eq(1), out.last.eq(self.x.payload.last)]
+            for i, v in enumerate(potentials):
+                # Exact sum in a wider signal, then saturation to v_width (step 1).
+                total = Signal(signed(max(vw, cfg.x_width) + 2), name=f"sum{i}")
+                integrated = Signal(signed(vw), name=f"integrated{i}")
+                m.d.comb += [
+                    total.eq(v + self.x.payload.x[i] - vleak),
+                    integrated.eq(Mux(total > high, high, Mux(total < low, low, total))),
+                ]
+                fire = integrated > vth                       # step 2: strict compare
+                after = Mux(fire, 0, integrated)              # step 3: reset to zero
+                m.d.sync += [out.spikes[i].eq(fire), out.v[i].eq(after),
+                             v.eq(Mux(self.x.payload.last, 0, after))]
+        return m
+
+
+register(Block(
+    name="lif", family="spiking", config=LifConfig, build=Lif,
+    figures=lambda cfg: {"latency_cycles": golden.LATENCY, "steps_per_cycle": 1},
+    summary="N leaky integrate-and-fire neurons: strict threshold, reset to zero, saturating V",
+    demo_configs=({},),
+    area_unit="neuron", area_units=lambda cfg: cfg.neurons,
+))

@@ -1,0 +1,50 @@
+"""lif: golden rule, config validation and cocotb on both simulators."""
+
+import pytest
+
+from conftest import SIMULATORS, config_id, run_block
+from golden import spiking as golden
+from hw.params import ParamError
+from hw.spiking import LifConfig
+
+COCOTB_TESTS = 8
+
+SIM_CONFIGS = [
+    {},                                                   # 16 neurons, 16-bit X and V
+    {"neurons": 3, "x_width": 6, "v_width": 5},           # X wider than V: saturation every step
+    {"neurons": 1, "x_width": 2, "v_width": 2},           # the smallest neuron
+    {"neurons": 37, "x_width": 16, "v_width": 24},        # odd N, 24-bit V
+]
+
+
+def test_order_leak_integrate_compare_reset():
+    # V = 5, X = 4, leak 2 -> 7 > Vth 6: spike, V = 0.
+    assert golden.lif_step([5], [4], 6, 2, 8) == ([0], [1])
+    # Exactly at the threshold: no spike, V kept.
+    assert golden.lif_step([5], [3], 6, 2, 8) == ([6], [0])
+    # Leak below zero and saturation at the bottom of 4 bits.
+    assert golden.lif_step([-7], [-1], 7, 3, 4) == ([-8], [0])
+    # Saturation at the top, and a threshold the top cannot exceed.
+    assert golden.lif_step([7], [7], 7, 0, 4) == ([7], [0])
+
+
+def test_run_clears_after_last():
+    out = golden.lif_run([([3], 1, 10, 0), ([3], 0, 10, 0), ([3], 0, 10, 0)], 8, 1)
+    assert [o[1] for o in out] == [[3], [3], [6]]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"neurons": 0}, "parameter 'neurons': got 0; allowed: an integer in 1..128"),
+    ({"v_width": 41}, "parameter 'v_width': got 41; allowed: an integer in 2..40"),
+    ({"x_width": 1}, "parameter 'x_width': got 1; allowed: an integer in 2..32"),
+])
+def test_config_rejects_bad_values(kwargs, message):
+    with pytest.raises(ParamError) as info:
+        LifConfig(**kwargs)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("simulator", SIMULATORS)
+@pytest.mark.parametrize("params", SIM_CONFIGS, ids=[config_id(p) for p in SIM_CONFIGS])
+def test_cocotb(params, simulator):
+    assert run_block("lif", params, simulator).tests == COCOTB_TESTS
