@@ -111,7 +111,8 @@ def run_demo():
           "weight stream and fed by the DDR4-3200 model; a 4-DIMM tensor-parallel Qwen3 expert "
           "scaled to the buffers (slice cycles, partial sums checked against the whole "
           "expert); one DIMM's slice (N = 4) of each Table II expert, scaled, in cycles; "
-          "lif: timesteps per cycle, latency, spike rate of a random drive")
+          "lif: timesteps per cycle, latency, spike rate of a random drive; spiking_expert: "
+          "cycles of a 2 x 2-tile job, synaptic operations per cycle vs the R x C peak")
     print(f"Verilog, manifests and synthesis reports: {BUILD_ROOT / 'demo'}")
     for block in all_blocks():
         if block.demo_report is not None:

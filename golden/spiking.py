@@ -52,3 +52,4 @@ def lif_run(steps, v_width, neurons):
         if last:
             potentials = [0] * neurons
     return out
+

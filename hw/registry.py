@@ -12,7 +12,7 @@ __all__ = ["Block", "register", "get_block", "all_blocks", "UnknownBlock"]
 
 # Families are imported lazily so that `import hw.registry` stays cheap; adding a family means
 # adding its module name here and calling `register` inside it.
-FAMILIES = ("systolic", "pmu", "nop", "router", "ndp", "spiking")
+FAMILIES = ("systolic", "pmu", "nop", "router", "ndp", "spiking", "spiking_expert")
 
 _BLOCKS = {}
 

@@ -21,7 +21,7 @@ from golden import spiking as golden
 from hw.params import int_param, validate
 from hw.registry import Block, register
 
-__all__ = ["LifConfig", "Lif"]
+__all__ = ["LifConfig", "Lif", "lif_neuron"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +69,6 @@ class Lif(wiring.Component):
         cfg = self._cfg
         N, vw = cfg.neurons, cfg.v_width
         m = Module()
-        low, high = -(1 << (vw - 1)), (1 << (vw - 1)) - 1
 
         vth = Signal(signed(vw))
         vleak = Signal(signed(vw))
@@ -88,18 +87,26 @@ class Lif(wiring.Component):
         with m.If(take):
             m.d.sync += [self.s.valid.eq(1), out.last.eq(self.x.payload.last)]
             for i, v in enumerate(potentials):
-                # Exact sum in a wider signal, then saturation to v_width (step 1).
-                total = Signal(signed(max(vw, cfg.x_width) + 2), name=f"sum{i}")
-                integrated = Signal(signed(vw), name=f"integrated{i}")
-                m.d.comb += [
-                    total.eq(v + self.x.payload.x[i] - vleak),
-                    integrated.eq(Mux(total > high, high, Mux(total < low, low, total))),
-                ]
-                fire = integrated > vth                       # step 2: strict compare
-                after = Mux(fire, 0, integrated)              # step 3: reset to zero
+                fire, after = lif_neuron(m, v, self.x.payload.x[i], vth, vleak, vw, f"n{i}")
                 m.d.sync += [out.spikes[i].eq(fire), out.v[i].eq(after),
                              v.eq(Mux(self.x.payload.last, 0, after))]
         return m
+
+
+def lif_neuron(m, v, x, vth, vleak, v_width, name):
+    """One LIF step (combinational): returns ``(fire, V after the step)``.
+
+    Leak and integrate with an exact sum saturated to ``v_width``, strict compare, reset to
+    zero — the order of :mod:`golden.spiking`.
+    """
+    low, high = -(1 << (v_width - 1)), (1 << (v_width - 1)) - 1
+    total = Signal(signed(max(v_width, len(x)) + 2), name=f"{name}_sum")
+    integrated = Signal(signed(v_width), name=f"{name}_integrated")
+    m.d.comb += [total.eq(v + x - vleak),
+                 integrated.eq(Mux(total > high, high, Mux(total < low, low, total)))]
+    fire = Signal(name=f"{name}_fire")
+    m.d.comb += fire.eq(integrated > vth)
+    return fire, Mux(fire, 0, integrated)
 
 
 register(Block(
@@ -109,3 +116,4 @@ register(Block(
     demo_configs=({},),
     area_unit="neuron", area_units=lambda cfg: cfg.neurons,
 ))
+

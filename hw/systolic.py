@@ -24,7 +24,7 @@ from hw.params import choice_param, int_param, validate
 from hw.pipeline import StallPipe, lanes_layout
 from hw.registry import Block, register
 
-__all__ = ["SystolicConfig", "SystolicTileConfig", "OutputStationaryArray",
+__all__ = ["os_grid", "SystolicConfig", "SystolicTileConfig", "OutputStationaryArray",
            "WeightStationaryArray", "SystolicTile"]
 
 # Depth of the output FIFO. Two entries suffice for full throughput: the array writes at most
@@ -124,13 +124,20 @@ def _drive_output(m, fifo, c, row_valid, row_last, row_data, advance):
     m.d.comb += [row.data[j].eq(value) for j, value in enumerate(row_data)]
 
 
-def _os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, last, prefix):
-    """Build an output-stationary PE grid; return (row_valid, row_last, row_values).
+def os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, last, prefix,
+            product=operator.mul, readout="rows"):
+    """Build an output-stationary PE grid; return (out_valid, out_last, out_values).
 
     Beat k enters row i of A delayed by i stages and column j of B delayed by j stages, so PE
     (i, j) sees pair k ``i + j`` cycles after the beat was taken. On the pair flagged ``last`` a PE
     raises ``done`` with its final sum; every column ORs its (one-hot in time) done sums, and a
     deskew of ``cols-1-j`` stages on column j aligns row i's C sums into one output row.
+
+    ``product(a, b)`` is what a PE adds (``a * b``; the spiking array adds ``a`` when the spike
+    ``b`` is 1, no multiplier). ``readout="columns"`` transposes the readout: every row ORs its
+    done sums and a deskew of ``rows-1-i`` stages on row i aligns column j's R sums, so the grid
+    emits one column per cycle, column j of a tile ``j`` cycles after column 0 (in rows mode
+    row i leaves ``i`` cycles after row 0).
     """
     flags = Cat(valid, first, last)
     b_down = [pipe.delay(b_lanes[j], j, f"{prefix}bskew{j}") for j in range(cols)]
@@ -145,7 +152,7 @@ def _os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, las
             acc[i][j] = Signal(signed(acc_width), name=f"{prefix}acc_{i}_{j}")
             done[i][j] = Signal(name=f"{prefix}done_{i}_{j}")
             # Truncation on assignment is the documented wrap-around.
-            update = Mux(pe_first, 0, acc[i][j]) + a_in * b_in
+            update = Mux(pe_first, 0, acc[i][j]) + product(a_in, b_in)
             with m.If(pipe.enable & pe_valid):
                 m.d.sync += acc[i][j].eq(update)
             pipe.add(done[i][j].eq(pe_valid & pe_last))
@@ -154,6 +161,16 @@ def _os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, las
                 flags_in = pipe.reg(flags_in, f"{prefix}f_{i}_{j}")
             if i + 1 < rows:
                 b_down[j] = pipe.reg(b_in, f"{prefix}b_{i}_{j}")
+    if readout == "columns":
+        column_values = []
+        for i in range(rows):
+            row = reduce(operator.or_, [Mux(done[i][j], acc[i][j], 0) for j in range(cols)])
+            row = pipe.reg(row, f"{prefix}row{i}")
+            column_values.append(pipe.delay(row, rows - 1 - i, f"{prefix}deskew{i}"))
+        column_valid = pipe.reg(reduce(operator.or_, [done[rows - 1][j] for j in range(cols)]),
+                                f"{prefix}column_valid")
+        column_last = pipe.reg(done[rows - 1][cols - 1], f"{prefix}column_last")
+        return column_valid, column_last, column_values
     row_values = []
     for j in range(cols):
         column = reduce(operator.or_, [Mux(done[i][j], acc[i][j], 0) for i in range(rows)])
@@ -221,7 +238,7 @@ class OutputStationaryArray(_ArrayComponent):
         m = Module()
         fifo, pipe = self._output_stage(m)
         join = _OSJoin(m, pipe, self.a, self.b, self.error, cfg.rows)
-        row_valid, row_last, row_values = _os_grid(
+        row_valid, row_last, row_values = os_grid(
             m, pipe, cfg.rows, cfg.cols, cfg.acc_width,
             [self.a.payload.data[i] for i in range(cfg.rows)],
             [self.b.payload.data[j] for j in range(cfg.cols)],
@@ -253,7 +270,7 @@ class SystolicTile(_ArrayComponent):
         join = _OSJoin(m, pipe, self.a, self.b, self.error, R)
         partial_rows = []
         for s in range(n):
-            row_valid, row_last, row_values = _os_grid(
+            row_valid, row_last, row_values = os_grid(
                 m, pipe, R, C, cfg.acc_width,
                 [self.a.payload.data[s * R + i] for i in range(R)],
                 [self.b.payload.data[s * C + j] for j in range(C)],

@@ -192,12 +192,14 @@ async def test_throughput(dut):
     bench = _setup(dut, "throughput")
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    bench.write(max(1, ((1 << (cfg.v_width - 1)) - 1) // 4), 1)
+    # A positive drive: inputs uniform in 0..spread against Vth = 2 * spread.
+    spread = max(1, min((1 << (cfg.x_width - 1)) - 1, (1 << (cfg.v_width - 1)) // 8))
+    bench.write(min(2 * spread, (1 << (cfg.v_width - 1)) - 1), 1)
     await _written(bench)
     steps, wall = 64, time.perf_counter()
-    spread = max(1, min((1 << (cfg.x_width - 1)) - 1, (1 << (cfg.v_width - 1)) // 8))
     for index in range(steps):
-        bench.step(bench.random_inputs(spread), last=int(index % 8 == 7))
+        bench.step([bench.rng.randint(0, spread) for _ in range(cfg.neurons)],
+                   last=int(index % 8 == 7))
     await bench.drain()
     bench.check()
     x_edges = bench.x.sent_edges

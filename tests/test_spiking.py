@@ -48,3 +48,11 @@ def test_config_rejects_bad_values(kwargs, message):
 @pytest.mark.parametrize("params", SIM_CONFIGS, ids=[config_id(p) for p in SIM_CONFIGS])
 def test_cocotb(params, simulator):
     assert run_block("lif", params, simulator).tests == COCOTB_TESTS
+
+
+def test_synthesizes(tmp_path):
+    from flows.synth import synthesize
+    from hw.registry import get_block
+    block = get_block("lif")
+    report = synthesize(block, block.config(**SIM_CONFIGS[1]), "generic", tmp_path)
+    assert report["flip_flops"] > 0 and report["luts"] > 0

@@ -1,0 +1,211 @@
+"""Spiking expert core (``spiking_expert``): synaptic integration, membrane accumulation and
+conditional spike generation fused (seed 004 Alg. 1 steps 2-4, §III-B, Fig. 2).
+
+Bottom tier: a synaptic-integration-stationary R x C array (:func:`hw.systolic.os_grid` with a
+spike-gated add instead of a multiplier): rows are output neurons, columns (token, timestep)
+pairs; multi-bit weights flow horizontally, 1-bit spikes vertically, each PE adds its weight
+when the spike is 1 and keeps the sum. Each tile's sums are read out column by column (the
+"3D-extractable" readout). Top tier: R LIF spike generators (:func:`hw.spiking.lif_neuron`)
+that keep one membrane potential per (token, neuron) across timesteps and emit the output
+spikes. D_in is streamed, D_out and the pairs are tiled (tile order in :mod:`golden.spiking`).
+"""
+
+import dataclasses
+
+from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import bits_for
+
+from golden import spiking_expert as golden
+from hw.params import int_param, validate
+from hw.pipeline import StallPipe
+from hw.registry import Block, register
+from hw.spiking import lif_neuron
+from hw.systolic import OUT_FIFO_DEPTH, os_grid
+
+__all__ = ["SpikingExpertConfig", "SpikingExpert", "expert_command_layout"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SpikingExpertConfig:
+    """Parameters of ``spiking_expert``.
+
+    Parameters
+    ----------
+    rows : int
+        R, PE rows = output neurons per tile (seed 004 §V-A: 16).
+    cols : int
+        C, PE columns = (token, timestep) pairs per tile (seed 004: 128).
+    w_width : int
+        Bits of a signed weight (seed 004: 8).
+    acc_width : int
+        Bits of a signed synaptic integration (seed 004: 16; wraps).
+    v_width : int
+        Bits of a signed membrane potential, Vth and Vleak (saturates).
+    max_tokens : int
+        Tokens per job (the generators keep one V word of R potentials per token).
+    """
+    rows: int = int_param(16, 1, 32, "R, PE rows (output neurons per tile)")
+    cols: int = int_param(16, 1, 128, "C, PE columns ((token, timestep) pairs per tile)")
+    w_width: int = int_param(8, 2, 16, "bits of a signed weight")
+    acc_width: int = int_param(16, 4, 32, "bits of a synaptic integration (wraps)")
+    v_width: int = int_param(16, 2, 32, "bits of a membrane potential, Vth and Vleak")
+    max_tokens: int = int_param(16, 1, 256, "tokens per job (one V word per token)")
+
+    def __post_init__(self):
+        validate(self)
+
+
+def expert_command_layout(config):
+    """``d_in``, ``d_out``, ``tokens``, ``timesteps``, ``vth``, ``vleak``."""
+    return data.StructLayout({
+        "d_in": 16, "d_out": 16, "tokens": bits_for(config.max_tokens), "timesteps": 8,
+        "vth": signed(config.v_width), "vleak": signed(config.v_width)})
+
+
+class SpikingExpert(wiring.Component):
+    """``spiking_expert``: a synaptic-integration-stationary R x C array (bottom tier) and R
+    LIF spike generators (top tier) fused: steps 2 + 3 + 4 of seed 004 Alg. 1.
+
+    Ports: ``cmd`` (:func:`expert_command_layout`, taken when idle); ``w`` {w[R]} and ``s``
+    {s: C bits}, paired beat by beat in the tile order of :mod:`golden.spiking`; ``out``
+    {spikes: R bits, token, timestep, tile, last}; ``busy``; sticky ``error``.
+    """
+
+    def __init__(self, config):
+        self._cfg = cfg = config
+        R, C = cfg.rows, cfg.cols
+        super().__init__({
+            "cmd": In(stream.Signature(expert_command_layout(cfg))),
+            "w": In(stream.Signature(data.StructLayout(
+                {"w": data.ArrayLayout(signed(cfg.w_width), R)}))),
+            "s": In(stream.Signature(data.StructLayout({"s": C}))),
+            "out": Out(stream.Signature(data.StructLayout({
+                "spikes": R, "token": bits_for(cfg.max_tokens), "timestep": 8, "tile": 16,
+                "last": 1}))),
+            "busy": Out(1),
+            "error": Out(1),
+        })
+
+    @property
+    def config(self):
+        return self._cfg
+
+    def elaborate(self, platform):
+        cfg = self._cfg
+        R, C, vw = cfg.rows, cfg.cols, cfg.v_width
+        m = Module()
+        m.submodules.out_fifo = fifo = SyncFIFO(width=len(self.out.payload.as_value()),
+                                                depth=OUT_FIFO_DEPTH)
+        pipe = StallPipe(fifo.w_rdy)
+
+        # The job (latched command).
+        job = Signal(expert_command_layout(cfg))
+        pair_bits = bits_for(cfg.max_tokens * 255 + C)      # pairs incl. a padded tile
+        pairs = Signal(pair_bits)              # tokens * timesteps
+        running, draining, error = Signal(), Signal(), Signal()
+        m.d.comb += [self.busy.eq(running | draining), self.error.eq(error)]
+        cmd = self.cmd.payload
+        m.d.comb += self.cmd.ready.eq(~running & ~draining)
+        with m.If(self.cmd.valid & self.cmd.ready):
+            with m.If((cmd.d_in == 0) | (cmd.d_out == 0) | (cmd.tokens == 0) |
+                      (cmd.tokens > cfg.max_tokens) | (cmd.timesteps == 0)):
+                m.d.sync += error.eq(1)
+            with m.Else():
+                m.d.sync += [job.eq(cmd), pairs.eq(cmd.tokens * cmd.timesteps),
+                             running.eq(1)]
+
+        # Input side: pair the w and s beats, count d / column tile / row tile.
+        d = Signal(16)
+        col_tile = Signal(16)
+        row_tile = Signal(16)
+        last_beat = Signal()
+        m.d.comb += last_beat.eq(d == job.d_in - 1)
+        # A tile's columns leave every row on C consecutive cycles: a tile's last beat waits
+        # until C advancing cycles have passed since the previous one (never when d_in >= C).
+        since_last = Signal(range(C + 1), init=C)
+        take = Signal()
+        m.d.comb += [take.eq(pipe.enable & running & self.w.valid & self.s.valid &
+                             (~last_beat | (since_last >= C))),
+                     self.w.ready.eq(take), self.s.ready.eq(take)]
+        with m.If(pipe.enable):
+            with m.If(take & last_beat):
+                m.d.sync += since_last.eq(1)
+            with m.Elif(since_last < C):
+                m.d.sync += since_last.eq(since_last + 1)
+        with m.If(take):
+            with m.If(~last_beat):
+                m.d.sync += d.eq(d + 1)
+            with m.Else():
+                m.d.sync += d.eq(0)
+                with m.If((col_tile + 1) * C >= pairs):
+                    m.d.sync += [col_tile.eq(0), row_tile.eq(row_tile + 1)]
+                    with m.If((row_tile + 1) * R >= job.d_out):
+                        m.d.sync += [running.eq(0), draining.eq(1), row_tile.eq(0)]
+                with m.Else():
+                    m.d.sync += col_tile.eq(col_tile + 1)
+
+        # Bottom tier: the synaptic-integration-stationary array, read out column by column.
+        column_valid, column_last, integrations = os_grid(
+            m, pipe, R, C, cfg.acc_width,
+            [self.w.payload.w[i] for i in range(R)], [self.s.payload.s[j] for j in range(C)],
+            take, d == 0, last_beat, prefix="sis_",
+            product=lambda weight, spike: Mux(spike, weight, 0), readout="columns")
+
+        # Top tier: spike generators. One V word (R potentials) per token of this row tile.
+        m.submodules.potentials = potentials = Memory(
+            shape=unsigned(R * vw), depth=cfg.max_tokens, init=[])
+        v_read, v_write = potentials.read_port(domain="comb"), potentials.write_port()
+        pair, token, step, tile = Signal(pair_bits), Signal(8), Signal(8), Signal(16)
+        real = Signal()                 # this column is a (token, timestep) pair of the job
+        m.d.comb += [real.eq(column_valid & (pair < pairs)), v_read.addr.eq(token),
+                     v_write.addr.eq(token)]
+        fires, afters = [], []
+        for i in range(R):
+            previous = Mux(step == 0, 0, v_read.data[i * vw:(i + 1) * vw].as_signed())
+            fire, after = lif_neuron(m, previous, integrations[i], job.vth, job.vleak, vw,
+                                     f"gen{i}")
+            in_range = tile * R + i < job.d_out       # rows past d_out never spike
+            fires.append(fire & in_range)
+            afters.append(after)
+        m.d.comb += [v_write.data.eq(Cat(*[a.as_unsigned()[:vw] for a in afters])),
+                     v_write.en.eq(real & pipe.enable)]
+        final = Signal()
+        m.d.comb += final.eq((pair == pairs - 1) & ((tile + 1) * R >= job.d_out))
+        with m.If(pipe.enable & column_valid):
+            with m.If(column_last & ((pair + 1) >= pairs)):
+                # The row tile's last column (padding included) has left the array.
+                m.d.sync += [pair.eq(0), token.eq(0), step.eq(0), tile.eq(tile + 1)]
+                with m.If((tile + 1) * R >= job.d_out):
+                    m.d.sync += [draining.eq(0), tile.eq(0)]
+            with m.Else():
+                m.d.sync += pair.eq(pair + 1)
+                with m.If(real):
+                    with m.If(step == job.timesteps - 1):
+                        m.d.sync += [step.eq(0), token.eq(token + 1)]
+                    with m.Else():
+                        m.d.sync += step.eq(step + 1)
+
+        out_valid = pipe.reg(real, "gen_valid")
+        row = Signal(self.out.payload.shape())
+        m.d.comb += [row.spikes.eq(Cat(*fires)), row.token.eq(token), row.timestep.eq(step),
+                     row.tile.eq(tile), row.last.eq(final)]
+        out_row = pipe.reg(row.as_value(), "gen_out")
+        m.d.comb += [fifo.w_en.eq(out_valid & pipe.enable), fifo.w_data.eq(out_row),
+                     self.out.valid.eq(fifo.r_rdy), self.out.payload.eq(fifo.r_data),
+                     fifo.r_en.eq(self.out.ready)]
+        pipe.emit(m)
+        return m
+
+
+register(Block(
+    name="spiking_expert", family="spiking_expert", config=SpikingExpertConfig, build=SpikingExpert,
+    figures=lambda cfg: {"column_latency_cycles": golden.column_latency(cfg.rows),
+                         "peak_synaptic_ops_per_cycle": cfg.rows * cfg.cols},
+    summary="spiking expert core: synaptic-integration-stationary array + LIF spike generators",
+    demo_configs=({"rows": 8, "cols": 16},),
+    area_unit="PE", area_units=lambda cfg: cfg.rows * cfg.cols,
+))

@@ -1,0 +1,202 @@
+"""cocotb tests of ``spiking_expert`` against ``golden.spiking_expert``.
+
+Every output beat (spike bits, token, timestep, tile, last) is compared, in order, with the
+golden spiking expert (synaptic integration + LIF over timesteps) on the same weights, spikes,
+Vth and Vleak. Lanes past D_out and spike bits past the last pair carry random values.
+"""
+
+import time
+
+import cocotb
+from cocotb.triggers import ClockCycles
+
+from golden import spiking_expert as golden
+from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.streams import StreamSink, StreamSource, reset_dut, start_after_reset, wait_for
+
+STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (0.5, 0.5)]
+
+
+class ExpertBench:
+    """Sources on ``cmd``, ``w``, ``s``; a sink on ``out``; the expected beats."""
+
+    def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
+        self.dut, self.cfg, self.rng = dut, config, rng
+        self.sources = {name: StreamSource(dut, name, getattr(component, name).payload.shape(),
+                                           rng, gap) for name in ("cmd", "w", "s")}
+        self.out = StreamSink(dut, "out", component.out.payload.shape(), rng, stall)
+        self.expected = []
+        self.synaptic_ops = 0
+
+    def start(self):
+        for port in (*self.sources.values(), self.out):
+            port.start()
+
+    def stop(self):
+        for port in (*self.sources.values(), self.out):
+            port.stop()
+
+    def random_job(self, d_in, d_out, tokens, steps, density=0.3, vth=None, vleak=None):
+        cfg = self.cfg
+        w_max = (1 << (cfg.w_width - 1)) - 1
+        weights = [[self.rng.randint(-w_max - 1, w_max) for _ in range(d_in)]
+                   for _ in range(d_out)]
+        spikes = [[[int(self.rng.random() < density) for _ in range(d_in)] for _ in range(steps)]
+                  for _ in range(tokens)]
+        v_max = (1 << (cfg.v_width - 1)) - 1
+        if vth is None:
+            vth = min(v_max, self.rng.randint(0, w_max * max(1, d_in // 4)))
+        if vleak is None:
+            vleak = min(v_max, self.rng.randint(0, 2))
+        return weights, spikes, vth, vleak
+
+    def job(self, weights, spikes, vth, vleak):
+        cfg = self.cfg
+        d_out, d_in = len(weights), len(weights[0])
+        self.sources["cmd"].send({"d_in": d_in, "d_out": d_out, "tokens": len(spikes),
+                                  "timesteps": len(spikes[0]), "vth": vth, "vleak": vleak})
+        w_max = (1 << (cfg.w_width - 1)) - 1
+        pad = lambda: self.rng.randint(-w_max - 1, w_max)  # noqa: E731
+        for w, s in golden.expert_input_beats(weights, spikes, cfg.rows, cfg.cols, pad):
+            self.sources["w"].send({"w": w})
+            self.sources["s"].send({"s": s})
+        reference = golden.expert_reference(weights, spikes, vth, vleak, cfg.acc_width,
+                                            cfg.v_width)
+        self.expected += golden.expert_output_order(reference, d_out, cfg.rows)
+        self.synaptic_ops += d_out * sum(map(sum, (st for tok in spikes for st in tok)))
+
+    async def drain(self):
+        await wait_for(self.dut, lambda: len(self.out.received) == len(self.expected),
+                       60 * len(self.expected) + 20 * len(self.sources["w"].sent_edges)
+                       + 4000, "every output out")
+        await wait_for(self.dut, lambda: not self.dut.busy.value, 400, "core idle")
+        await ClockCycles(self.dut.clk, 3)
+
+    def check(self):
+        got = [(int(b.spikes), int(b.token), int(b.timestep), int(b.tile), int(b.last))
+               for _, b in self.out.received]
+        assert len(got) == len(self.expected), f"{len(got)} beats, expected {len(self.expected)}"
+        for index, (have, want) in enumerate(zip(got, self.expected)):
+            assert have == want, f"beat {index}: got {have}, expected {want}"
+        assert not self.dut.error.value, "error set by valid jobs"
+
+
+def _setup(dut, salt, **kwargs):
+    _, config, component = load_dut_config()
+    return ExpertBench(dut, config, component, make_rng(salt), **kwargs)
+
+
+@cocotb.test()
+@cocotb.parametrize((("gap", "stall"), STALL_PROFILES))
+async def test_tiled_jobs(dut, gap, stall):
+    """Jobs smaller than, equal to and larger than the array in D_out and in pairs (several
+    timesteps, tokens spanning column tiles), short and long D_in, back to back."""
+    bench = _setup(dut, f"tiled{gap}{stall}", gap=gap, stall=stall)
+    await start_after_reset(dut, bench)
+    R, C, max_tokens = bench.cfg.rows, bench.cfg.cols, bench.cfg.max_tokens
+    shapes = [(3, 1, 1, 1), (C + 2, R, 2, 2), (2 * C, R + 1, min(3, max_tokens), C // 2 + 1),
+              (1, 2 * R + 1, 1, 3), (5, max(1, R - 1), min(max_tokens, 2), 1)]
+    for d_in, d_out, tokens, steps in shapes:
+        bench.job(*bench.random_job(d_in, d_out, tokens, steps))
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_threshold_and_leak_edges(dut):
+    """All-ones spikes with equal weights: integration exactly at Vth (no spike), one above
+    (spike, reset), a negative leak charging, a large leak keeping V negative."""
+    bench = _setup(dut, "edges")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    R = cfg.rows
+    d_in = 3
+    weights = [[2] * d_in for _ in range(R)]             # integration = 6 per step
+    spikes = [[[1] * d_in for _ in range(3)]]
+    v_max = (1 << (cfg.v_width - 1)) - 1
+    for vth, vleak in ((6, 0), (5, 0), (11, -1), (0, 7), (min(12, v_max), 0)):
+        bench.job(weights, spikes, vth, vleak)
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_reset_mid_job(dut):
+    """Reset with a job half taken and columns in the array: no stale output afterwards."""
+    bench = _setup(dut, "reset", gap=0.2, stall=0.2)
+    await start_after_reset(dut, bench)
+    R, C = bench.cfg.rows, bench.cfg.cols
+    bench.job(*bench.random_job(2 * C, 2 * R, min(2, bench.cfg.max_tokens), 3))
+    await ClockCycles(dut.clk, 2 * C + 5)
+    bench.stop()
+    await reset_dut(dut)
+    assert not dut.busy.value and not dut.out__valid.value, "state survived the reset"
+    bench.out.received.clear()
+    bench.expected.clear()
+    bench.start()
+    bench.job(*bench.random_job(4, R, 1, 2))
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_bad_commands_set_sticky_error(dut):
+    """Zero sizes and too many tokens are dropped with a sticky error; the core keeps working."""
+    bench = _setup(dut, "bad")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    good = {"d_in": 2, "d_out": 2, "tokens": 1, "timesteps": 1, "vth": 1, "vleak": 0}
+    bad = [{"d_in": 0}, {"d_out": 0}, {"tokens": 0}, {"timesteps": 0}]
+    if (cfg.max_tokens + 1).bit_length() == cfg.max_tokens.bit_length():
+        bad.append({"tokens": cfg.max_tokens + 1})      # representable in the tokens field
+    for change in bad:
+        bench.sources["cmd"].send({**good, **change})
+        await wait_for(dut, lambda: bench.sources["cmd"].idle, 50, "bad command taken")
+        await ClockCycles(dut.clk, 3)
+        assert dut.error.value == 1 and not dut.busy.value, f"{change} not rejected"
+    bench.job(*bench.random_job(3, 2, 1, 2))
+    await bench.drain()
+    got = [(int(b.spikes), int(b.token), int(b.timestep), int(b.tile), int(b.last))
+           for _, b in bench.out.received]
+    assert got == bench.expected and dut.error.value == 1, "error not sticky or job wrong"
+
+
+@cocotb.test()
+async def test_throughput(dut):
+    """Waiting streams and a ready output: every input beat of a job with D_in >= C goes in
+    one per cycle (no bubble between tiles), column 0 of each tile leaves column_latency
+    edges after the tile's last beat and column j j edges later; synaptic operations per
+    cycle against the array's peak R x C."""
+    bench = _setup(dut, "throughput")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    R, C = cfg.rows, cfg.cols
+    d_in = max(C, 8)
+    tokens = min(cfg.max_tokens, 2)
+    steps = C                                   # tokens * steps = 2 column tiles per row tile
+    weights, spikes, vth, vleak = bench.random_job(d_in, 2 * R, tokens, steps, density=0.5)
+    wall = time.perf_counter()
+    bench.job(weights, spikes, vth, vleak)
+    await bench.drain()
+    bench.check()
+    taken = bench.sources["w"].sent_edges
+    assert taken == list(range(taken[0], taken[0] + len(taken))), "bubble between beats"
+    outs = [edge for edge, _ in bench.out.received]
+    pairs = tokens * steps
+    latency = golden.column_latency(R)
+    tile_ends = taken[d_in - 1::d_in]
+    per_tile = [outs[i:i + C] for i in range(0, len(outs), C)]
+    for tile, (end, columns) in enumerate(zip(tile_ends, per_tile)):
+        want = [end + latency + j for j in range(len(columns))]
+        assert columns == want, f"tile {tile}: columns at {columns}, expected {want}"
+    cycles = outs[-1] - taken[0] + 1
+    ops = bench.synaptic_ops
+    write_throughput({"cycles": cycles, "input_beats": len(taken),
+                      "synaptic_ops_per_cycle": round(ops / cycles, 2),
+                      "peak_ops_per_cycle": R * C,
+                      "dense_utilization": round(len(taken) / cycles, 3),
+                      "output_spike_rate": round(sum(bin(int(b.spikes)).count("1")
+                                                     for _, b in bench.out.received)
+                                                 / (2 * R * pairs), 3)},
+                     "cycles, synaptic operations (adds of a weight on a 1 spike) per cycle",
+                     outs[-1] / (time.perf_counter() - wall))
