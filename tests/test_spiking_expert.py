@@ -64,3 +64,14 @@ def test_synthesizes(tmp_path):
     block = get_block("spiking_expert")
     report = synthesize(block, block.config(**SIM_CONFIGS[1]), "generic", tmp_path)
     assert report["flip_flops"] > 0 and report["luts"] > 0
+
+
+# The defaults (16 x 16, 256 PEs): a slower Verilator build, so in make sweep.
+SWEEP_CONFIGS = [{}]
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("simulator", SIMULATORS)
+@pytest.mark.parametrize("params", SWEEP_CONFIGS, ids=[config_id(p) for p in SWEEP_CONFIGS])
+def test_cocotb_sweep(params, simulator):
+    assert run_block("spiking_expert", params, simulator).tests == COCOTB_TESTS
