@@ -53,9 +53,25 @@ def cmd_list(args):
     return 0
 
 
+def _require_tiers(block):
+    if block.tiers is None:
+        raise _UsageError(f"option '--3d': block {block.name!r} has no tier partition; "
+                          "allowed for: " + ", ".join(b.name for b in all_blocks()
+                                                      if b.tiers is not None))
+
+
 def cmd_verilog(args):
     from flows.verilog import generate
     block, config = _block_and_config(args)
+    if args.three_d:
+        from flows.threed import generate_3d
+        _require_tiers(block)
+        built = generate_3d(block, config, Path(args.output))
+        for kind, path in built["paths"].items():
+            print(f"wrote {path} ({kind})")
+        print(f"bonds: {built['bond_counts']['down']} down (top -> bottom), "
+              f"{built['bond_counts']['up']} up")
+        return 0
     v_path, j_path, _ = generate(block, config, Path(args.output))
     print(f"wrote {v_path} (top module {block.name})")
     print(f"wrote {j_path}")
@@ -66,8 +82,10 @@ def cmd_sim(args):
     from flows.sim import SimFailure, run_tests
     block, config = _block_and_config(args)
     try:
+        if args.three_d:
+            _require_tiers(block)
         result = run_tests(block, config, args.sim, waves=args.waves,
-                           testcase=args.test or None, seed=args.seed)
+                           testcase=args.test or None, seed=args.seed, three_d=args.three_d)
     except SimFailure as failure:
         print(f"moegen: FAILED: {failure}", file=sys.stderr)
         return 1
@@ -82,6 +100,8 @@ def cmd_sim(args):
 def cmd_synth(args):
     from flows.synth import SynthError, synthesize
     block, config = _block_and_config(args)
+    if args.three_d:
+        return _synth_3d(block, config, args.target)
     try:
         report = synthesize(block, config, args.target)
     except SynthError as failure:
@@ -91,6 +111,28 @@ def cmd_synth(args):
                  [(block.name, args.target, report["cells"], report["flip_flops"],
                    report["luts"], report["dsps"])]))
     print(f"report: {report['json']}")
+    return 0
+
+
+def _synth_3d(block, config, target):
+    from flows.synth import SynthError
+    from flows.threed import synthesize_3d
+    _require_tiers(block)
+    try:
+        r = synthesize_3d(block, config, target)
+    except SynthError as failure:
+        print(f"moegen: FAILED: {failure}", file=sys.stderr)
+        return 1
+    rows = [(f"{block.name} tier top (die 0)", r["top"]["cells"], r["top"]["flip_flops"],
+             r["top"]["luts"]),
+            (f"{block.name} tier bottom (die 1)", r["bottom"]["cells"],
+             r["bottom"]["flip_flops"], r["bottom"]["luts"]),
+            (f"{block.name} 2D (one die)", r["2d"]["cells"], r["2d"]["flip_flops"],
+             r["2d"]["luts"])]
+    print(_table(["build", "cells", "flip-flops", "LUTs"], rows))
+    print(f"bonds: {r['bonds']['down']} top -> bottom, {r['bonds']['up']} bottom -> top")
+    print(f"footprint estimate (largest tier / 2D cells): {r['footprint_3d']} / "
+          f"{r['footprint_2d']} = {r['footprint_ratio']:.2f}")
     return 0
 
 
@@ -152,6 +194,8 @@ def _parser():
         func=cmd_list)
     p = sub.add_parser("verilog", help="write BLOCK.v and BLOCK.json")
     with_block(p)
+    p.add_argument("--3d", dest="three_d", action="store_true",
+                   help="also write the two tiers, BLOCK_3d.v with bond cells, the partition")
     p.add_argument("-o", "--output", default="build/verilog", help="output folder")
     p.set_defaults(func=cmd_verilog)
     p = sub.add_parser("sim", help="run the block's cocotb tests")
@@ -160,10 +204,14 @@ def _parser():
     p.add_argument("--waves", action="store_true", help="record a trace and print its path")
     p.add_argument("--test", action="append", help="run only this cocotb test (repeatable)")
     p.add_argument("--seed", type=int, default=1234, help="random seed of the tests")
+    p.add_argument("--3d", dest="three_d", action="store_true",
+                   help="simulate the two-tier 3D build in lockstep with the 2D build")
     p.set_defaults(func=cmd_sim)
     p = sub.add_parser("synth", help="Yosys synthesis: cells, flip-flops, LUTs, DSPs")
     with_block(p)
     p.add_argument("--target", default="generic", choices=["generic", "ice40", "ecp5"])
+    p.add_argument("--3d", dest="three_d", action="store_true",
+                   help="cells per tier, bonds and footprint against the 2D build")
     p.set_defaults(func=cmd_synth)
     sub.add_parser("doctor", help="check the toolchain").set_defaults(func=cmd_doctor)
     p = sub.add_parser("bench", help="cycles, utilization, sim speed and area per block")

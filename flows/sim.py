@@ -61,7 +61,8 @@ def _find_waves(build_dir, simulator):
     return None
 
 
-def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234, quiet=False):
+def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234, quiet=False,
+              three_d=False):
     """Build ``block`` with ``config`` and run its cocotb tests on ``simulator``.
 
     Parameters
@@ -79,6 +80,9 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
         cocotb ``RANDOM_SEED``: every random choice in the tests derives from it.
     quiet : bool
         Send the build and simulation logs to ``build.log`` / ``sim.log`` instead of stdout.
+    three_d : bool
+        Simulate ``BLOCK_equiv`` (:mod:`flows.threed`): the 2D and the two-tier 3D builds side
+        by side, the tests seeing the 2D outputs and a sticky ``mismatch`` output.
 
     Returns
     -------
@@ -96,15 +100,22 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
         raise ValueError(f"simulator {simulator!r}: unknown; allowed: {', '.join(SIMULATORS)}")
     toolchain.activate()
     root = toolchain.BUILD_ROOT / "sim" / f"{block.name}-{config_key(block, config)}"
-    build_dir = root / (simulator + ("-waves" if waves else ""))
+    build_dir = root / (simulator + ("-3d" if three_d else "") + ("-waves" if waves else ""))
     runner = get_runner(simulator)
+    toplevel = block.name
     with _locked(root):
         v_path, m_path, _ = generate(block, config, root / "rtl")
+        sources = [v_path]
+        if three_d:
+            from flows.threed import generate_3d
+            built3d = generate_3d(block, config, root / "rtl3d")["paths"]
+            sources = [built3d[k] for k in ("2d", "top", "bottom", "3d", "equiv")]
+            toplevel = f"{block.name}_equiv"
         stamp = build_dir / ".moegen-stamp"
-        digest = hashlib.sha256(v_path.read_bytes()).hexdigest()
+        digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()
         started = time.monotonic()
         if not (stamp.exists() and stamp.read_text() == digest):
-            runner.build(sources=[v_path], hdl_toplevel=block.name, build_dir=build_dir,
+            runner.build(sources=sources, hdl_toplevel=toplevel, build_dir=build_dir,
                          build_args=VERILATOR_ARGS if simulator == "verilator" else [],
                          timescale=TIMESCALE, waves=waves, always=True,
                          log_file=build_dir / "build.log" if quiet else None)
@@ -117,7 +128,7 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
         # cocotb's Icarus dump module honours this plusarg: one trace per run folder.
         plusargs.append(f"+dumpfile_path={test_dir / (block.name + '.fst')}")
     results = runner.test(test_module=block.tb_module, hdl_toplevel_lang="verilog",
-                          hdl_toplevel=block.name, build_dir=build_dir, test_dir=test_dir,
+                          hdl_toplevel=toplevel, build_dir=build_dir, test_dir=test_dir,
                           plusargs=plusargs, timescale=TIMESCALE,
                           waves=waves, seed=seed, testcase=testcase,
                           results_xml=str(test_dir / "results.xml"),

@@ -47,6 +47,33 @@ def _summarize(cell_counts):
             "dsps": count(_DSP)}
 
 
+def synthesize_files(paths, top, target, out_dir, stem):
+    """Run Yosys on Verilog ``paths`` (in ``out_dir``) for module ``top``; returns the cell
+    counts by type. Raises :class:`SynthError` with the end of the log on failure."""
+    toolchain.activate()
+    out_dir = Path(out_dir)
+    stat_path = out_dir / f"{stem}.{target}.stat.json"
+    script = ("".join(f"read_verilog {Path(p).name}; " for p in paths)
+              + TARGETS[target].format(top=top) + f"; tee -q -o {stat_path.name} stat -json")
+    log_path = out_dir / f"{stem}.{target}.yosys.log"
+    proc = subprocess.run([_yosys(), "-q", "-l", log_path.name, "-p", script],
+                          cwd=out_dir, capture_output=True, text=True)
+    if proc.returncode != 0:
+        # Yosys (or ABC inside it) may exit without a word on stderr: show the log's end.
+        log = log_path.read_text() if log_path.exists() else ""
+        tail = "\n".join((proc.stdout + proc.stderr + log).strip().splitlines()[-8:])
+        raise SynthError(f"yosys exited with status {proc.returncode} for {top} "
+                         f"({target}); log {log_path}:\n{tail}")
+    stat = json.loads(stat_path.read_text())
+    design = stat.get("design") or next(iter(stat["modules"].values()))
+    return {k: int(v) for k, v in design.get("num_cells_by_type", {}).items()}
+
+
+def summarize(cell_counts):
+    """cells, flip_flops, luts, dsps of a cell-count dict."""
+    return _summarize(cell_counts)
+
+
 def synthesize(block, config, target="generic", out_dir=None):
     """Synthesize ``block`` with ``config`` for ``target``.
 
@@ -62,21 +89,7 @@ def synthesize(block, config, target="generic", out_dir=None):
     key = config_key(block, config)
     out_dir = Path(out_dir) if out_dir else toolchain.BUILD_ROOT / "synth" / f"{block.name}-{key}"
     v_path, _, info = generate(block, config, out_dir)
-    stat_path = out_dir / f"{block.name}.{target}.stat.json"
-    script = (f"read_verilog {v_path.name}; " + TARGETS[target].format(top=block.name)
-              + f"; tee -q -o {stat_path.name} stat -json")
-    log_path = out_dir / f"{block.name}.{target}.yosys.log"
-    proc = subprocess.run([_yosys(), "-q", "-l", log_path.name, "-p", script],
-                          cwd=out_dir, capture_output=True, text=True)
-    if proc.returncode != 0:
-        # Yosys (or ABC inside it) may exit without a word on stderr: show the log's end.
-        log = log_path.read_text() if log_path.exists() else ""
-        tail = "\n".join((proc.stdout + proc.stderr + log).strip().splitlines()[-8:])
-        raise SynthError(f"yosys exited with status {proc.returncode} for {block.name} "
-                         f"({target}); log {log_path}:\n{tail}")
-    stat = json.loads(stat_path.read_text())
-    design = stat.get("design") or next(iter(stat["modules"].values()))
-    cell_counts = {k: int(v) for k, v in design.get("num_cells_by_type", {}).items()}
+    cell_counts = synthesize_files([v_path], block.name, target, out_dir, block.name)
     report = {"block": block.name, "target": target, "params": info["params"],
               **_summarize(cell_counts), "cell_types": dict(sorted(cell_counts.items()))}
     report_path = out_dir / f"{block.name}.{target}.synth.json"

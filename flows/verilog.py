@@ -10,7 +10,7 @@ from amaranth.back import verilog
 from amaranth.hdl import Shape
 from amaranth.lib import data, wiring
 
-__all__ = ["generate", "manifest", "config_key", "write_if_changed"]
+__all__ = ["generate", "manifest", "port_list", "config_key", "write_if_changed"]
 
 
 def config_key(block, config, extra=""):
@@ -47,6 +47,19 @@ def _leaf(name, shape, offset):
     shape = Shape.cast(shape)
     return {"field": name, "lsb": offset, "msb": offset + shape.width - 1,
             "signed": shape.signed}
+
+
+def port_list(component):
+    """Every Verilog port of ``component`` as ``{name, direction, width}``: clk, rst, then the
+    flattened signature members in order (``a__b`` for member b of interface a)."""
+    ports = [{"name": "clk", "direction": "in", "width": 1},
+             {"name": "rst", "direction": "in", "width": 1}]
+    for path, member, value in component.signature.flatten(component):
+        ports.append({"name": "__".join(str(p) for p in path),
+                      "direction": "in" if member.flow == wiring.In else "out",
+                      "width": len(value.as_value()) if hasattr(value, "as_value")
+                      else len(value)})
+    return ports
 
 
 def manifest(block, config, component):

@@ -7,7 +7,7 @@ Pure Python (no amaranth, no hw/): the synaptic integration, the LIF generators 
 from golden.spiking import lif_step
 
 __all__ = ["wrap", "expert_reference", "expert_input_beats", "expert_output_order",
-           "column_latency"]
+           "column_latency", "bond_count"]
 
 
 def wrap(value, width):
@@ -85,3 +85,11 @@ def column_latency(rows):
     register (1) and the output FIFO (1) follow. Column j leaves ``j`` edges after column 0.
     """
     return rows + 3
+
+
+def bond_count(rows, cols, w_width, acc_width):
+    """F2F bonds of the two-tier spiking expert, from its tier interface (seed 004 Fig. 2):
+    down (top -> bottom) clock, reset, the pipeline enable, the beat's valid/first/last flags,
+    R weights and C spikes; up (bottom -> top) the column's valid and last flags and its R
+    integrations (the "3D-extractable" readout)."""
+    return {"down": 2 + 4 + rows * w_width + cols, "up": 2 + rows * acc_width}

@@ -45,6 +45,9 @@ class Block:
         What ``make bench`` divides the cell count by ("PE", "bank", ...).
     area_units : callable
         ``area_units(config) -> int``, how many of them the configuration has.
+    tiers : callable, optional
+        ``tiers(config) -> (top component, bottom component)`` for the two-tier 3D build
+        (:mod:`flows.threed`); None when the block has no tier partition.
     demo_report : callable, optional
         ``demo_report() -> str``, printed after the ``make demo`` table (a family's model
         results, e.g. the NDP schedule table).
@@ -58,6 +61,7 @@ class Block:
     demo_configs: tuple = ({},)
     area_unit: str = "block"
     area_units: Callable = lambda config: 1
+    tiers: Callable = None
     demo_report: Callable = None
 
     @property

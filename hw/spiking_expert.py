@@ -26,7 +26,8 @@ from hw.registry import Block, register
 from hw.spiking import lif_neuron
 from hw.systolic import OUT_FIFO_DEPTH, os_grid
 
-__all__ = ["SpikingExpertConfig", "SpikingExpert", "expert_command_layout"]
+__all__ = ["SpikingExpertConfig", "SpikingExpert", "SisArray", "array_signature",
+           "expert_command_layout"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,46 @@ def expert_command_layout(config):
         "vth": signed(config.v_width), "vleak": signed(config.v_width)})
 
 
+def array_signature(config):
+    """The bottom tier's ports: the pipeline enable, the beat flags, one beat of weights and
+    spikes in; one column of integrations out (the "3D-extractable" readout)."""
+    return wiring.Signature({
+        "enable": In(1), "valid": In(1), "first": In(1), "last": In(1),
+        # Flat bit vectors (lane i at [i*width, (i+1)*width)): with array-typed ports Amaranth
+        # names per-lane wires `values[0]`, which collide with the bit names ABC gives back
+        # when a tier is synthesized alone (a Yosys 0.70 assertion).
+        "w": In(config.w_width * config.rows),
+        "s": In(config.cols),
+        "column_valid": Out(1), "column_last": Out(1),
+        "values": Out(config.acc_width * config.rows),
+    })
+
+
+class SisArray(wiring.Component):
+    """Bottom tier: the synaptic-integration-stationary R x C array (:func:`os_grid` with a
+    spike-gated add and a column readout), all registers moving on ``enable``."""
+
+    def __init__(self, config):
+        self._cfg = config
+        super().__init__(array_signature(config))
+
+    def elaborate(self, platform):
+        cfg = self._cfg
+        m = Module()
+        pipe = StallPipe(self.enable)
+        ww = cfg.w_width
+        column_valid, column_last, values = os_grid(
+            m, pipe, cfg.rows, cfg.cols, cfg.acc_width,
+            [self.w[i * ww:(i + 1) * ww].as_signed() for i in range(cfg.rows)],
+            [self.s[j] for j in range(cfg.cols)],
+            self.valid, self.first, self.last, prefix="sis_",
+            product=lambda weight, spike: Mux(spike, weight, 0), readout="columns")
+        m.d.comb += [self.column_valid.eq(column_valid), self.column_last.eq(column_last),
+                     self.values.eq(Cat(*[v.as_unsigned()[:cfg.acc_width] for v in values]))]
+        pipe.emit(m)
+        return m
+
+
 class SpikingExpert(wiring.Component):
     """``spiking_expert``: a synaptic-integration-stationary R x C array (bottom tier) and R
     LIF spike generators (top tier) fused: steps 2 + 3 + 4 of seed 004 Alg. 1.
@@ -75,10 +116,13 @@ class SpikingExpert(wiring.Component):
     {spikes: R bits, token, timestep, tile, last}; ``busy``; sticky ``error``.
     """
 
-    def __init__(self, config):
+    def __init__(self, config, *, tier=None):
+        """``tier="top"`` builds the top tier alone: the array's ports become ports named
+        ``bottom__*`` (for the 3D build); by default the array is a submodule (2D)."""
         self._cfg = cfg = config
+        self._tier = tier
         R, C = cfg.rows, cfg.cols
-        super().__init__({
+        members = {
             "cmd": In(stream.Signature(expert_command_layout(cfg))),
             "w": In(stream.Signature(data.StructLayout(
                 {"w": data.ArrayLayout(signed(cfg.w_width), R)}))),
@@ -88,7 +132,10 @@ class SpikingExpert(wiring.Component):
                 "last": 1}))),
             "busy": Out(1),
             "error": Out(1),
-        })
+        }
+        if tier == "top":
+            members["bottom"] = In(array_signature(cfg))      # flipped: the top drives enable
+        super().__init__(members)
 
     @property
     def config(self):
@@ -149,11 +196,16 @@ class SpikingExpert(wiring.Component):
                     m.d.sync += col_tile.eq(col_tile + 1)
 
         # Bottom tier: the synaptic-integration-stationary array, read out column by column.
-        column_valid, column_last, integrations = os_grid(
-            m, pipe, R, C, cfg.acc_width,
-            [self.w.payload.w[i] for i in range(R)], [self.s.payload.s[j] for j in range(C)],
-            take, d == 0, last_beat, prefix="sis_",
-            product=lambda weight, spike: Mux(spike, weight, 0), readout="columns")
+        if self._tier == "top":
+            array = self.bottom
+        else:
+            m.submodules.array = array = SisArray(cfg)
+        m.d.comb += [array.enable.eq(pipe.enable), array.valid.eq(take),
+                     array.first.eq(d == 0), array.last.eq(last_beat),
+                     array.w.eq(self.w.payload.w.as_value()), array.s.eq(self.s.payload.s)]
+        column_valid, column_last = array.column_valid, array.column_last
+        acc = cfg.acc_width
+        integrations = [array.values[i * acc:(i + 1) * acc].as_signed() for i in range(R)]
 
         # Top tier: spike generators. One V word (R potentials) per token of this row tile.
         m.submodules.potentials = potentials = Memory(
@@ -208,4 +260,21 @@ register(Block(
     summary="spiking expert core: synaptic-integration-stationary array + LIF spike generators",
     demo_configs=({"rows": 8, "cols": 16},),
     area_unit="PE", area_units=lambda cfg: cfg.rows * cfg.cols,
+    tiers=lambda cfg: (SpikingExpert(cfg, tier="top"), SisArray(cfg)),
+    demo_report=lambda: _tier_report(),
 ))
+
+
+def _tier_report():
+    from flows.threed import synthesize_3d      # imported late: flows import the registry
+    from hw.registry import get_block
+    block = get_block("spiking_expert")
+    r = synthesize_3d(block, block.config(**block.demo_configs[0]))
+    lines = ["spiking_expert rows=8 cols=16, two-tier 3D build (moegen synth spiking_expert --3d)",
+             f"  tier top (die 0: generators, V memory, control, FIFO): {r['top']['cells']} cells",
+             f"  tier bottom (die 1: the synaptic-integration array): {r['bottom']['cells']} "
+             "cells",
+             f"  2D (one die): {r['2d']['cells']} cells; bonds {r['bonds']['down']} down, "
+             f"{r['bonds']['up']} up",
+             f"  footprint estimate (largest tier / 2D): {r['footprint_ratio']:.2f}"]
+    return "\n".join(lines)

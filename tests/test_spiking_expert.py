@@ -75,3 +75,55 @@ SWEEP_CONFIGS = [{}]
 @pytest.mark.parametrize("params", SWEEP_CONFIGS, ids=[config_id(p) for p in SWEEP_CONFIGS])
 def test_cocotb_sweep(params, simulator):
     assert run_block("spiking_expert", params, simulator).tests == COCOTB_TESTS
+
+
+# --- two-tier 3D build (flows/threed.py) --------------------------------------------------------
+
+SIM_CONFIGS_3D = [SIM_CONFIGS[1], SIM_CONFIGS[3]]
+
+
+@pytest.mark.parametrize("simulator", SIMULATORS)
+@pytest.mark.parametrize("params", SIM_CONFIGS_3D, ids=[config_id(p) for p in SIM_CONFIGS_3D])
+def test_cocotb_3d_in_lockstep_with_2d(params, simulator):
+    # BLOCK_equiv: every test passes on the 2D outputs and `mismatch` never rises.
+    assert run_block("spiking_expert", params, simulator, three_d=True).tests == COCOTB_TESTS
+
+
+def test_3d_files_connect_the_tiers_only_through_bonds(tmp_path):
+    import re
+    from flows.threed import generate_3d
+    from hw.registry import get_block
+    block = get_block("spiking_expert")
+    config = block.config(**SIM_CONFIGS[3])
+    built = generate_3d(block, config, tmp_path)
+    want = golden.bond_count(config.rows, config.cols, config.w_width, config.acc_width)
+    assert built["bond_counts"] == want
+    text = built["paths"]["3d"].read_text()
+    bonds = re.findall(r"^\s*moegen_bond (\S+)\(\.a\((\w)_\w+\[\d+\]\), \.y\((\w)_", text, re.M)
+    assert len(bonds) == want["down"] + want["up"] == len(built["bonds"])
+    assert sum(1 for _, a, y in bonds if (a, y) == ("t", "b")) == want["down"]
+    assert sum(1 for _, a, y in bonds if (a, y) == ("b", "t")) == want["up"]
+    top_line = next(line for line in text.splitlines() if " u_top(" in line)
+    bottom_line = next(line for line in text.splitlines() if " u_bottom(" in line)
+    assert "(b_" not in top_line and "(t_" not in bottom_line
+    assert re.findall(r"\.\w+\((\w+)\)", bottom_line) == \
+        [f"b_{name}" for name, _, _ in built["nets"]]          # the bottom sees only bonds
+    partition = built["paths"]["partition"].read_text().splitlines()
+    assert partition[:2] == ["u_top 0", "u_bottom 1"]
+    assert sorted(partition[2:]) == sorted(f"{b} 0" for b in built["bonds"])
+
+
+def test_3d_synthesis_reports_tiers(tmp_path):
+    from flows.threed import synthesize_3d
+    from hw.registry import get_block
+    block = get_block("spiking_expert")
+    report = synthesize_3d(block, block.config(**SIM_CONFIGS[1]), "generic", tmp_path)
+    assert report["top"]["cells"] > 0 and report["bottom"]["cells"] > 0
+    assert report["footprint_3d"] == max(report["top"]["cells"], report["bottom"]["cells"])
+    assert report["footprint_3d"] < report["footprint_2d"]
+
+
+def test_3d_cli_refuses_blocks_without_tiers():
+    from flows.cli import main
+    assert main(["verilog", "lif", "--3d"]) == 2
+    assert main(["synth", "ndp_core", "--3d"]) == 2
