@@ -253,21 +253,20 @@ def layer_latencies(model, hw, dimms):
     loads = sorted((tokens[e] for e in experts), reverse=True)
     mean_tokens = sum(loads) / len(loads)
     avg = _times(model, hw, dimms, tokens=mean_tokens)
-    per_token = _times(model, hw, dimms, tokens=1)
     prefill_s = {
-        "MoNDE": _monde([n * per_token.t_n1 for n in (tokens[e] for e in experts)], experts,
-                        dimms, per_token.t_w,
+        "MoNDE": _monde([n * one.t_n1 for n in (tokens[e] for e in experts)], experts,
+                        dimms, one.t_w,
                         lambda k: sum(_gpu_expert_seconds(model, hw, n) for n in loads[:k]),
                         _act_seconds(model, hw, hw.seq_len)),
-        "TP": sum(loads) * per_token.t_n + (dimms + 1) * _act_seconds(model, hw, hw.seq_len),
+        "TP": sum(loads) * one.t_n + (dimms + 1) * _act_seconds(model, hw, hw.seq_len),
     }
-    real = solve_balance(len(loads), avg.t_w, avg.t_g, avg.t_n, per_token.t_a, dimms,
+    real = solve_balance(len(loads), avg.t_w, avg.t_g, avg.t_n, one.t_a, dimms,
                          hw.seq_len)
     best = None
     for e_g in sorted({math.floor(real), math.ceil(real)}):
-        gpu = sum(per_token.t_w + _gpu_expert_seconds(model, hw, n) for n in loads[:e_g])
-        gpu += (hw.seq_len - 1) * per_token.t_a * dimms if e_g else 0.0
-        ndp = sum(loads[e_g:]) * per_token.t_n + (dimms + 1) * _act_seconds(model, hw,
+        gpu = sum(one.t_w + _gpu_expert_seconds(model, hw, n) for n in loads[:e_g])
+        gpu += (hw.seq_len - 1) * one.t_a * dimms if e_g else 0.0
+        ndp = sum(loads[e_g:]) * one.t_n + (dimms + 1) * _act_seconds(model, hw,
                                                                               hw.seq_len)
         best = max(gpu, ndp) if best is None else min(best, max(gpu, ndp))
     prefill_s["TP+LB"] = best

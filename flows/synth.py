@@ -17,7 +17,7 @@ from pathlib import Path
 from flows import toolchain
 from flows.verilog import config_key, generate, write_if_changed
 
-__all__ = ["TARGETS", "synthesize", "SynthError"]
+__all__ = ["TARGETS", "synthesize", "synthesize_files", "summarize", "SynthError"]
 
 TARGETS = {
     "generic": "synth -top {top} -lut 4 -flatten",
@@ -40,7 +40,8 @@ class SynthError(RuntimeError):
     """Yosys failed; the message holds the end of its log."""
 
 
-def _summarize(cell_counts):
+def summarize(cell_counts):
+    """cells, flip_flops, luts, dsps of a cell-count dict."""
     def count(pattern):
         return sum(n for cell, n in cell_counts.items() if pattern.match(cell))
     return {"cells": sum(cell_counts.values()), "flip_flops": count(_FF), "luts": count(_LUT),
@@ -69,11 +70,6 @@ def synthesize_files(paths, top, target, out_dir, stem):
     return {k: int(v) for k, v in design.get("num_cells_by_type", {}).items()}
 
 
-def summarize(cell_counts):
-    """cells, flip_flops, luts, dsps of a cell-count dict."""
-    return _summarize(cell_counts)
-
-
 def synthesize(block, config, target="generic", out_dir=None):
     """Synthesize ``block`` with ``config`` for ``target``.
 
@@ -91,7 +87,7 @@ def synthesize(block, config, target="generic", out_dir=None):
     v_path, _, info = generate(block, config, out_dir)
     cell_counts = synthesize_files([v_path], block.name, target, out_dir, block.name)
     report = {"block": block.name, "target": target, "params": info["params"],
-              **_summarize(cell_counts), "cell_types": dict(sorted(cell_counts.items()))}
+              **summarize(cell_counts), "cell_types": dict(sorted(cell_counts.items()))}
     report_path = out_dir / f"{block.name}.{target}.synth.json"
     write_if_changed(report_path, json.dumps(report, indent=2) + "\n")
     report["json"] = str(report_path)

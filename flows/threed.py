@@ -20,9 +20,7 @@ ordinary submodule, flattened by Yosys.
 
 from pathlib import Path
 
-from amaranth.back import verilog
-
-from flows.verilog import _settle_at_time_zero, generate, port_list, write_if_changed
+from flows.verilog import convert, generate, port_list, write_if_changed
 
 __all__ = ["generate_3d", "synthesize_3d", "bond_nets", "NoTiers"]
 
@@ -35,11 +33,6 @@ endmodule
 
 class NoTiers(ValueError):
     """The block has no tier partition."""
-
-
-def _convert(component, name):
-    return _settle_at_time_zero(verilog.convert(component, name=name, emit_src=False,
-                                                strip_internal_attrs=True))
 
 
 def bond_nets(top_ports, bottom_ports):
@@ -127,7 +120,7 @@ def generate_3d(block, config, out_dir):
     paths = {"2d": v2d}
     for tier, component in (("top", top), ("bottom", bottom)):
         paths[tier] = out_dir / f"{block.name}_tier_{tier}.v"
-        write_if_changed(paths[tier], _convert(component, f"{block.name}_tier_{tier}"))
+        write_if_changed(paths[tier], convert(component, f"{block.name}_tier_{tier}"))
     text, bonds = _wrapper_3d(block.name, info["ports"], top_ports, nets)
     paths["3d"] = out_dir / f"{block.name}_3d.v"
     write_if_changed(paths["3d"], text)

@@ -10,7 +10,7 @@ from amaranth.back import verilog
 from amaranth.hdl import Shape
 from amaranth.lib import data, wiring
 
-__all__ = ["generate", "manifest", "port_list", "config_key", "write_if_changed"]
+__all__ = ["generate", "convert", "manifest", "port_list", "config_key", "write_if_changed"]
 
 
 def config_key(block, config, extra=""):
@@ -124,6 +124,12 @@ def _settle_at_time_zero(text):
                                      f"{m.group(1)}`endif"), text)
 
 
+def convert(component, name):
+    """Verilog text of ``component`` as module ``name`` (the Icarus time-0 settle included)."""
+    return _settle_at_time_zero(verilog.convert(component, name=name, emit_src=False,
+                                                strip_internal_attrs=True))
+
+
 def generate(block, config, out_dir):
     """Write ``out_dir/<block>.v`` (top module ``<block>``) and ``out_dir/<block>.json``.
 
@@ -134,8 +140,7 @@ def generate(block, config, out_dir):
     """
     out_dir = Path(out_dir)
     component = block.build(config)
-    text = _settle_at_time_zero(verilog.convert(component, name=block.name, emit_src=False,
-                                                strip_internal_attrs=True))
+    text = convert(component, block.name)
     info = manifest(block, config, component)
     v_path, j_path = out_dir / f"{block.name}.v", out_dir / f"{block.name}.json"
     write_if_changed(v_path, text)

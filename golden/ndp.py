@@ -34,18 +34,14 @@ import math
 
 import numpy as np
 
+from golden.nop import wrap  # the one scalar two's-complement wrap of the golden models
+
 __all__ = ["requant", "wrap", "gemv", "ffn_slice", "ffn_expert", "split_sizes", "split_expert",
            "activation_lut", "gemv_weight_beats", "ffn_weight_beats", "vector_beats",
            "tree_levels", "gate_drain", "result_latency", "command_cycles", "weight_beats",
            "useful_macs", "timeline", "OP_GEMV", "OP_FFN_SLICE"]
 
 OP_GEMV, OP_FFN_SLICE = 0, 1
-
-
-def wrap(value, width):
-    """``value`` wrapped to a signed ``width``-bit integer (two's complement)."""
-    value = int(value) & ((1 << width) - 1)
-    return value - (1 << width) if value >> (width - 1) else value
 
 
 def requant(value, shift, width):

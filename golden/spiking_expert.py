@@ -4,16 +4,11 @@ Pure Python (no amaranth, no hw/): the synaptic integration, the LIF generators 
 :mod:`golden.spiking`), the tile order of the input streams, the output order and the timing.
 """
 
+from golden.nop import wrap
 from golden.spiking import lif_step
 
 __all__ = ["wrap", "expert_reference", "expert_input_beats", "expert_output_order",
            "column_latency", "bond_count"]
-
-
-def wrap(value, width):
-    """``value`` wrapped to a signed ``width``-bit integer."""
-    value = int(value) & ((1 << width) - 1)
-    return value - (1 << width) if value >> (width - 1) else value
 
 
 def expert_reference(weights, spikes, vth, vleak, acc_width, v_width):

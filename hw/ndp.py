@@ -35,6 +35,7 @@ from amaranth.utils import bits_for
 
 from golden import ndp as golden
 from hw.params import int_param, validate
+from hw.pipeline import saturate
 from hw.registry import Block, register
 
 __all__ = ["NdpConfig", "NdpCore", "command_layout", "SHIFT_BITS", "COUNT_BITS"]
@@ -100,9 +101,8 @@ def _requant(m, value, shift, width, name):
     rounded = Signal(signed(wide), name=f"{name}_rounded")
     half = (Const(1, wide) << shift) >> 1          # 0 when shift is 0
     m.d.comb += rounded.eq((value + half) >> shift)
-    low, high = -(1 << (width - 1)), (1 << (width - 1)) - 1
     out = Signal(signed(width), name=name)
-    m.d.comb += out.eq(Mux(rounded > high, high, Mux(rounded < low, low, rounded)))
+    m.d.comb += out.eq(saturate(rounded, width))
     return out
 
 

@@ -1,9 +1,9 @@
 """Helpers shared by pipelined blocks: stall-able registers and lane layouts."""
 
-from amaranth.hdl import Signal, signed
+from amaranth.hdl import Mux, Signal, signed
 from amaranth.lib import data
 
-__all__ = ["StallPipe", "lanes_layout"]
+__all__ = ["StallPipe", "lanes_layout", "saturate"]
 
 
 def lanes_layout(count, width, *, is_signed=True):
@@ -13,6 +13,12 @@ def lanes_layout(count, width, *, is_signed=True):
     """
     shape = signed(width) if is_signed else width
     return data.StructLayout({"data": data.ArrayLayout(shape, count), "last": 1})
+
+
+def saturate(value, width):
+    """``value`` clamped to the signed ``width``-bit range (an expression)."""
+    low, high = -(1 << (width - 1)), (1 << (width - 1)) - 1
+    return Mux(value > high, high, Mux(value < low, low, value))
 
 
 class StallPipe:

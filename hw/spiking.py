@@ -19,6 +19,7 @@ from amaranth.lib.wiring import In, Out
 
 from golden import spiking as golden
 from hw.params import int_param, validate
+from hw.pipeline import saturate
 from hw.registry import Block, register
 
 __all__ = ["LifConfig", "Lif", "lif_neuron"]
@@ -99,11 +100,9 @@ def lif_neuron(m, v, x, vth, vleak, v_width, name):
     Leak and integrate with an exact sum saturated to ``v_width``, strict compare, reset to
     zero — the order of :mod:`golden.spiking`.
     """
-    low, high = -(1 << (v_width - 1)), (1 << (v_width - 1)) - 1
     total = Signal(signed(max(v_width, len(x)) + 2), name=f"{name}_sum")
     integrated = Signal(signed(v_width), name=f"{name}_integrated")
-    m.d.comb += [total.eq(v + x - vleak),
-                 integrated.eq(Mux(total > high, high, Mux(total < low, low, total)))]
+    m.d.comb += [total.eq(v + x - vleak), integrated.eq(saturate(total, v_width))]
     fire = Signal(name=f"{name}_fire")
     m.d.comb += fire.eq(integrated > vth)
     return fire, Mux(fire, 0, integrated)

@@ -73,9 +73,13 @@ class ExpertBench:
         await ClockCycles(self.dut.clk, 3)
         check_3d_matches_2d(self.dut)
 
+    def results(self):
+        """Received beats as ``(spikes, token, timestep, tile, last)``."""
+        return [(int(b.spikes), int(b.token), int(b.timestep), int(b.tile), int(b.last))
+                for _, b in self.out.received]
+
     def check(self):
-        got = [(int(b.spikes), int(b.token), int(b.timestep), int(b.tile), int(b.last))
-               for _, b in self.out.received]
+        got = self.results()
         assert len(got) == len(self.expected), f"{len(got)} beats, expected {len(self.expected)}"
         for index, (have, want) in enumerate(zip(got, self.expected)):
             assert have == want, f"beat {index}: got {have}, expected {want}"
@@ -165,9 +169,8 @@ async def test_bad_commands_set_sticky_error(dut):
         assert dut.error.value == 1 and not dut.busy.value, f"{change} not rejected"
     bench.job(*bench.random_job(3, 2, 1, 2))
     await bench.drain()
-    got = [(int(b.spikes), int(b.token), int(b.timestep), int(b.tile), int(b.last))
-           for _, b in bench.out.received]
-    assert got == bench.expected and dut.error.value == 1, "error not sticky or job wrong"
+    assert bench.results() == bench.expected and dut.error.value == 1, (
+        "error not sticky or job wrong")
 
 
 @cocotb.test()
