@@ -13,7 +13,7 @@ demo: setup
 
 # Both simulators, every registered block; Verilator builds are cached under build/sim.
 test: setup
-	$(BIN)/python -m pytest -n $(JOBS) -m "not sweep" tests
+	$(BIN)/python -m pytest -n $(JOBS) -m "not sweep" --durations=15 tests
 
 # Long sweeps over larger and odder sizes (not part of `make test`).
 sweep: setup

@@ -2,9 +2,10 @@
 
 bench: per configuration, the saturated-stream cocotb test (``test_throughput``) on Verilator
 and on Icarus in the same run (cycles, ideal cycles, utilization, simulated cycles per wall
-second) and Yosys generic synthesis (cells, flip-flops, LUTs, cells per PE); written to
-``build/bench.json``. demo: per configuration, Verilog, the full cocotb suite on Verilator
-against the golden model, and synthesis, as one summary table.
+second), Yosys generic synthesis (cells, flip-flops, LUTs, cells per PE) and, for two-tier
+blocks, the switching activity per tier (bit flips per cycle from a VCD of the 3D build, a
+dynamic-power proxy); written to ``build/bench.json``. demo: per configuration, Verilog, the
+full cocotb suite on Verilator against the golden model, and synthesis, as one summary table.
 """
 
 import json
@@ -14,6 +15,7 @@ from pathlib import Path
 from flows.cli import _table
 from flows.sim import SimFailure, run_tests
 from flows.synth import SynthError, synthesize
+from flows.threed import tier_activity
 from flows.toolchain import BUILD_ROOT
 from flows.verilog import generate
 from tb.harness import THROUGHPUT_FILE
@@ -54,12 +56,16 @@ def run_bench(output):
         record = {"block": block.name, "params": label, block.area_unit + "s": units}
         for simulator in ("verilator", "icarus"):
             print(f"bench: {block.name} {label} on {simulator}", flush=True)
-            result = run_tests(block, config, simulator, testcase=["test_throughput"], quiet=True)
+            result = run_tests(block, config, simulator, testcase=["test_throughput"], quiet=True,
+                               optimize=True)
             record[simulator] = _throughput(result)
         print(f"bench: {block.name} {label} synthesis (yosys, generic)", flush=True)
         area = synthesize(block, config, "generic")
         record["synth_generic"] = {k: area[k] for k in ("cells", "flip_flops", "luts", "dsps")}
         record[f"cells_per_{block.area_unit}"] = area["cells"] / units
+        if block.tiers is not None:
+            print(f"bench: {block.name} {label} switching activity per tier (VCD)", flush=True)
+            record["tier_activity"] = tier_activity(block, config)
         records.append(record)
         figures = record["verilator"]
         rows.append((block.name, label, _metrics_text(figures["metrics"]),
@@ -68,6 +74,12 @@ def run_bench(output):
                      area["cells"], f"{area['cells'] / units:.0f}/{block.area_unit}"))
     print(_table(["block", "params", "measured (cycle-exact)", "verilator cyc/s",
                   "icarus cyc/s", "cells", "cells per unit"], rows))
+    for record in records:
+        if "tier_activity" in record:
+            act = record["tier_activity"]
+            print(f"{record['block']} {record['params']}: switching activity of test_throughput "
+                  f"on the 3D build, bit flips per cycle: top tier {act['top_flips_per_cycle']}, "
+                  f"bottom tier {act['bottom_flips_per_cycle']} ({act['cycles']} cycles)")
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps({"generated": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -78,7 +90,7 @@ def run_bench(output):
 
 def run_demo():
     """Generate, simulate on Verilator against the golden model, synthesize; print a summary."""
-    rows, status = [], 0
+    rows, status, measured_first = [], 0, {}
     for block, config, label in demo_configurations():
         out_dir = BUILD_ROOT / "demo" / f"{block.name}-{label.replace(' ', '_')}"
         generate(block, config, out_dir)
@@ -86,7 +98,9 @@ def run_demo():
         try:
             result = run_tests(block, config, "verilator", quiet=True)
             verdict = f"{result.tests}/{result.tests} pass"
-            measured = _metrics_text(_throughput(result)["metrics"])
+            figures = _throughput(result)
+            measured_first.setdefault(block.name, figures)
+            measured = _metrics_text(figures["metrics"])
         except SimFailure as failure:
             verdict, measured, status = f"FAIL ({failure})", "-", 1
         try:
@@ -112,10 +126,13 @@ def run_demo():
           "scaled to the buffers (slice cycles, partial sums checked against the whole "
           "expert); one DIMM's slice (N = 4) of each Table II expert, scaled, in cycles; "
           "lif: timesteps per cycle, latency, spike rate of a random drive; spiking_expert: "
-          "cycles of a 2 x 2-tile job, synaptic operations per cycle vs the R x C peak")
+          "cycles of a 2 x 2-tile job, synaptic operations per cycle vs the R x C peak; "
+          "spiking_router: score additions per cycle vs E x C; spiking_moe: cycles of a full "
+          "layer, synaptic operations per cycle vs E x R x C; spiking_attention: cycles per "
+          "timestep, adds per cycle vs H x N x (N + d)")
     print(f"Verilog, manifests and synthesis reports: {BUILD_ROOT / 'demo'}")
     for block in all_blocks():
         if block.demo_report is not None:
             print()
-            print(block.demo_report())
+            print(block.demo_report(measured_first.get(block.name)))
     return status

@@ -8,6 +8,7 @@ configuration; later runs reuse it while the Verilog is unchanged (a stamp holds
 import contextlib
 import fcntl
 import hashlib
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,8 +62,25 @@ def _find_waves(build_dir, simulator):
     return None
 
 
+# C++ optimization of the Verilator models: -O0 builds about twice as fast as the Makefile's -Os,
+# which the short test runs need more than simulation speed; `make bench`, which reports
+# simulated cycles per second, builds with -Os (``optimize=True``, its own build folder).
+UNOPTIMIZED = "OPT_FAST=-O0 OPT_SLOW=-O0 OPT_GLOBAL=-O0"
+
+
+@contextlib.contextmanager
+def _make_flags(optimize):
+    saved = os.environ.get("MAKEFLAGS", "")
+    flags = saved.replace(UNOPTIMIZED, "").strip()
+    os.environ["MAKEFLAGS"] = flags if optimize else f"{flags} {UNOPTIMIZED}".strip()
+    try:
+        yield
+    finally:
+        os.environ["MAKEFLAGS"] = saved
+
+
 def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234, quiet=False,
-              three_d=False):
+              three_d=False, optimize=False):
     """Build ``block`` with ``config`` and run its cocotb tests on ``simulator``.
 
     Parameters
@@ -83,6 +101,8 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
     three_d : bool
         Simulate ``BLOCK_equiv`` (:mod:`flows.threed`): the 2D and the two-tier 3D builds side
         by side, the tests seeing the 2D outputs and a sticky ``mismatch`` output.
+    optimize : bool
+        Build the Verilator model with -Os (for speed figures) instead of -O0 (quick builds).
 
     Returns
     -------
@@ -100,7 +120,8 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
         raise ValueError(f"simulator {simulator!r}: unknown; allowed: {', '.join(SIMULATORS)}")
     toolchain.activate()
     root = toolchain.BUILD_ROOT / "sim" / f"{block.name}-{config_key(block, config)}"
-    build_dir = root / (simulator + ("-3d" if three_d else "") + ("-waves" if waves else ""))
+    build_dir = root / (simulator + ("-3d" if three_d else "") + ("-waves" if waves else "")
+                        + ("-opt" if optimize and simulator == "verilator" else ""))
     runner = get_runner(simulator)
     toplevel = block.name
     with _locked(root):
@@ -115,10 +136,11 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
         digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()
         started = time.monotonic()
         if not (stamp.exists() and stamp.read_text() == digest):
-            runner.build(sources=sources, hdl_toplevel=toplevel, build_dir=build_dir,
-                         build_args=VERILATOR_ARGS if simulator == "verilator" else [],
-                         timescale=TIMESCALE, waves=waves, always=True,
-                         log_file=build_dir / "build.log" if quiet else None)
+            with _make_flags(optimize):
+                runner.build(sources=sources, hdl_toplevel=toplevel, build_dir=build_dir,
+                             build_args=VERILATOR_ARGS if simulator == "verilator" else [],
+                             timescale=TIMESCALE, waves=waves, always=True,
+                             log_file=build_dir / "build.log" if quiet else None)
             stamp.write_text(digest)
         built = time.monotonic()
     test_dir = build_dir / "run" / (",".join(testcase) if testcase else "all")

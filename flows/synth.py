@@ -20,7 +20,10 @@ from flows.verilog import config_key, generate, write_if_changed
 __all__ = ["TARGETS", "synthesize", "synthesize_files", "summarize", "SynthError"]
 
 TARGETS = {
-    "generic": "synth -top {top} -lut 4 -flatten",
+    # Power-on values dropped first: registers left constant by their drivers otherwise end
+    # with an undefined and a 0 init that Yosys 0.70's opt_clean refuses to merge
+    # ("conflicting init values"). Every register has a reset value; the cells are the same.
+    "generic": "setattr -unset init; synth -top {top} -lut 4{flatten}",
     "ice40": "synth_ice40 -top {top} -dsp",
     "ecp5": "synth_ecp5 -top {top}",
 }
@@ -48,14 +51,16 @@ def summarize(cell_counts):
             "dsps": count(_DSP)}
 
 
-def synthesize_files(paths, top, target, out_dir, stem):
+def synthesize_files(paths, top, target, out_dir, stem, flatten=True):
     """Run Yosys on Verilog ``paths`` (in ``out_dir``) for module ``top``; returns the cell
-    counts by type. Raises :class:`SynthError` with the end of the log on failure."""
+    counts by type (over the whole hierarchy when ``flatten`` is False: the generic target
+    then maps each module on its own). Raises :class:`SynthError` with the end of the log."""
     toolchain.activate()
     out_dir = Path(out_dir)
     stat_path = out_dir / f"{stem}.{target}.stat.json"
     script = ("".join(f"read_verilog {Path(p).name}; " for p in paths)
-              + TARGETS[target].format(top=top) + f"; tee -q -o {stat_path.name} stat -json")
+              + TARGETS[target].format(top=top, flatten=" -flatten" if flatten else "")
+              + f"; tee -q -o {stat_path.name} stat -json")
     log_path = out_dir / f"{stem}.{target}.yosys.log"
     proc = subprocess.run([_yosys(), "-q", "-l", log_path.name, "-p", script],
                           cwd=out_dir, capture_output=True, text=True)
@@ -67,7 +72,10 @@ def synthesize_files(paths, top, target, out_dir, stem):
                          f"({target}); log {log_path}:\n{tail}")
     stat = json.loads(stat_path.read_text())
     design = stat.get("design") or next(iter(stat["modules"].values()))
-    return {k: int(v) for k, v in design.get("num_cells_by_type", {}).items()}
+    modules = {name.lstrip("\\") for name in stat["modules"]}
+    # A hierarchical design lists its submodule instances among the cells: not cells.
+    return {k: int(v) for k, v in design.get("num_cells_by_type", {}).items()
+            if k.lstrip("\\") not in modules}
 
 
 def synthesize(block, config, target="generic", out_dir=None):
@@ -85,7 +93,8 @@ def synthesize(block, config, target="generic", out_dir=None):
     key = config_key(block, config)
     out_dir = Path(out_dir) if out_dir else toolchain.BUILD_ROOT / "synth" / f"{block.name}-{key}"
     v_path, _, info = generate(block, config, out_dir)
-    cell_counts = synthesize_files([v_path], block.name, target, out_dir, block.name)
+    cell_counts = synthesize_files([v_path], block.name, target, out_dir, block.name,
+                                   flatten=block.synth_flatten)
     report = {"block": block.name, "target": target, "params": info["params"],
               **summarize(cell_counts), "cell_types": dict(sorted(cell_counts.items()))}
     report_path = out_dir / f"{block.name}.{target}.synth.json"

@@ -371,7 +371,7 @@ register(Block(
     summary="NDP-DIMM core: int GEMV and tensor-parallel expert-FFN slices with LUT activation",
     demo_configs=({"max_cols": 256, "max_inter": 128},),
     area_unit="multiplier", area_units=lambda cfg: cfg.mults,
-    demo_report=lambda: _schedule_report(),
+    demo_report=lambda measured: _schedule_report(),
 ))
 
 

@@ -3,7 +3,7 @@
 from amaranth.hdl import Mux, Signal, signed
 from amaranth.lib import data
 
-__all__ = ["StallPipe", "lanes_layout", "saturate"]
+__all__ = ["StallPipe", "lanes_layout", "saturate", "select"]
 
 
 def lanes_layout(count, width, *, is_signed=True):
@@ -19,6 +19,19 @@ def saturate(value, width):
     """``value`` clamped to the signed ``width``-bit range (an expression)."""
     low, high = -(1 << (width - 1)), (1 << (width - 1)) - 1
     return Mux(value > high, high, Mux(value < low, low, value))
+
+
+def select(index, values):
+    """``values[index]`` as an OR of equality-gated terms (0 when ``index`` is out of range).
+
+    Used instead of ``Array`` reads and ``word_select``/``bit_select`` with a variable index:
+    the shifts those become made Yosys 0.70's ABC9 (yowasp) exit without a word.
+    """
+    result = None
+    for i, value in enumerate(values):
+        term = Mux(index == i, value, 0)
+        result = term if result is None else result | term
+    return result
 
 
 class StallPipe:

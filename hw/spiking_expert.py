@@ -12,7 +12,7 @@ spikes. D_in is streamed, D_out and the pairs are tiled (tile order in :mod:`gol
 
 import dataclasses
 
-from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Cat, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
@@ -27,7 +27,8 @@ from hw.spiking import lif_neuron
 from hw.systolic import OUT_FIFO_DEPTH, os_grid
 
 __all__ = ["SpikingExpertConfig", "SpikingExpert", "SisArray", "array_signature",
-           "expert_command_layout"]
+           "expert_command_layout", "tile_counter", "tile_feeder", "tier_report", "TieredComponent",
+           "feed_sis_array"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +108,51 @@ class SisArray(wiring.Component):
         return m
 
 
-class SpikingExpert(wiring.Component):
+class TieredComponent(wiring.Component):
+    """A block built whole (2D, ``tier=None``: its arrays are submodules) or as its top tier
+    alone (``tier="top"``: the arrays' ports become ports ``bottom__*``, for the 3D build).
+
+    Parameters
+    ----------
+    config
+        The block's config (``self.config``).
+    members : dict
+        The block's own ports.
+    bottom : wiring.Signature
+        The bottom tier's signature, as the bottom tier sees it.
+    tier : None or "top"
+    """
+
+    def __init__(self, config, members, bottom, tier=None):
+        self._cfg = config
+        self._tier = tier
+        if tier == "top":
+            members["bottom"] = In(bottom)                 # flipped: the top drives enable
+        super().__init__(members)
+
+    @property
+    def config(self):
+        return self._cfg
+
+
+def feed_sis_array(m, component, array_config, pipe, take, first, last):
+    """The bottom tier of the expert and the router: one :class:`SisArray` fed from the
+    component's paired ``w``/``s`` streams (``component.bottom`` in a top-tier build, else a
+    submodule ``array``). Returns the array and its R column read-out values (signed)."""
+    if component._tier == "top":
+        array = component.bottom
+    else:
+        m.submodules.array = array = SisArray(array_config)
+    m.d.comb += [array.enable.eq(pipe.enable), array.valid.eq(take),
+                 array.first.eq(first), array.last.eq(last),
+                 array.w.eq(component.w.payload.w.as_value()),
+                 array.s.eq(component.s.payload.s)]
+    acc = array_config.acc_width
+    rows = len(array.values) // acc
+    return array, [array.values[i * acc:(i + 1) * acc].as_signed() for i in range(rows)]
+
+
+class SpikingExpert(TieredComponent):
     """``spiking_expert``: a synaptic-integration-stationary R x C array (bottom tier) and R
     LIF spike generators (top tier) fused: steps 2 + 3 + 4 of seed 004 Alg. 1.
 
@@ -119,8 +164,7 @@ class SpikingExpert(wiring.Component):
     def __init__(self, config, *, tier=None):
         """``tier="top"`` builds the top tier alone: the array's ports become ports named
         ``bottom__*`` (for the 3D build); by default the array is a submodule (2D)."""
-        self._cfg = cfg = config
-        self._tier = tier
+        cfg = config
         R, C = cfg.rows, cfg.cols
         members = {
             "cmd": In(stream.Signature(expert_command_layout(cfg))),
@@ -133,13 +177,7 @@ class SpikingExpert(wiring.Component):
             "busy": Out(1),
             "error": Out(1),
         }
-        if tier == "top":
-            members["bottom"] = In(array_signature(cfg))      # flipped: the top drives enable
-        super().__init__(members)
-
-    @property
-    def config(self):
-        return self._cfg
+        super().__init__(cfg, members, array_signature(cfg), tier)
 
     def elaborate(self, platform):
         cfg = self._cfg
@@ -166,46 +204,14 @@ class SpikingExpert(wiring.Component):
                              running.eq(1)]
 
         # Input side: pair the w and s beats, count d / column tile / row tile.
-        d = Signal(16)
-        col_tile = Signal(16)
-        row_tile = Signal(16)
-        last_beat = Signal()
-        m.d.comb += last_beat.eq(d == job.d_in - 1)
-        # A tile's columns leave every row on C consecutive cycles: a tile's last beat waits
-        # until C advancing cycles have passed since the previous one (never when d_in >= C).
-        since_last = Signal(range(C + 1), init=C)
-        take = Signal()
-        m.d.comb += [take.eq(pipe.enable & running & self.w.valid & self.s.valid &
-                             (~last_beat | (since_last >= C))),
-                     self.w.ready.eq(take), self.s.ready.eq(take)]
-        with m.If(pipe.enable):
-            with m.If(take & last_beat):
-                m.d.sync += since_last.eq(1)
-            with m.Elif(since_last < C):
-                m.d.sync += since_last.eq(since_last + 1)
-        with m.If(take):
-            with m.If(~last_beat):
-                m.d.sync += d.eq(d + 1)
-            with m.Else():
-                m.d.sync += d.eq(0)
-                with m.If((col_tile + 1) * C >= pairs):
-                    m.d.sync += [col_tile.eq(0), row_tile.eq(row_tile + 1)]
-                    with m.If((row_tile + 1) * R >= job.d_out):
-                        m.d.sync += [running.eq(0), draining.eq(1), row_tile.eq(0)]
-                with m.Else():
-                    m.d.sync += col_tile.eq(col_tile + 1)
+        take, first, last, job_done = tile_feeder(
+            m, pipe, R, C, running, self.w, self.s, job.d_in, pairs, job.d_out)
+        with m.If(job_done):
+            m.d.sync += [running.eq(0), draining.eq(1)]
 
         # Bottom tier: the synaptic-integration-stationary array, read out column by column.
-        if self._tier == "top":
-            array = self.bottom
-        else:
-            m.submodules.array = array = SisArray(cfg)
-        m.d.comb += [array.enable.eq(pipe.enable), array.valid.eq(take),
-                     array.first.eq(d == 0), array.last.eq(last_beat),
-                     array.w.eq(self.w.payload.w.as_value()), array.s.eq(self.s.payload.s)]
+        array, integrations = feed_sis_array(m, self, cfg, pipe, take, first, last)
         column_valid, column_last = array.column_valid, array.column_last
-        acc = cfg.acc_width
-        integrations = [array.values[i * acc:(i + 1) * acc].as_signed() for i in range(R)]
 
         # Top tier: spike generators. One V word (R potentials) per token of this row tile.
         m.submodules.potentials = potentials = Memory(
@@ -253,6 +259,61 @@ class SpikingExpert(wiring.Component):
         return m
 
 
+def tile_counter(m, advance, reduce_len, columns, cols, rows_total, rows, name="tile"):
+    """Position in the beat order of :func:`golden.spiking_expert.expert_input_beats`: per row
+    tile (``rows`` of ``rows_total``), per column tile (``cols`` of ``columns``),
+    ``reduce_len`` beats. Moves on ``advance``; returns ``(d, col_tile, row_tile, done)``,
+    ``done`` (combinational) marking the job's last beat."""
+    # Sized by what they count to (d < reduce_len, tiles <= columns, rows_total): constant
+    # upper bits make Yosys 0.70 stop on "conflicting init values".
+    reduce_len, columns, rows_total = (Value.cast(v) for v in (reduce_len, columns, rows_total))
+    d = Signal(len(reduce_len), name=f"{name}_d")
+    col_tile = Signal(len(columns), name=f"{name}_col")
+    row_tile = Signal(len(rows_total), name=f"{name}_row")
+    done = Signal(name=f"{name}_done")
+    with m.If(advance):
+        with m.If(d != reduce_len - 1):
+            m.d.sync += d.eq(d + 1)
+        with m.Else():
+            m.d.sync += d.eq(0)
+            with m.If((col_tile + 1) * cols >= columns):
+                m.d.sync += [col_tile.eq(0), row_tile.eq(row_tile + 1)]
+                with m.If((row_tile + 1) * rows >= rows_total):
+                    m.d.sync += row_tile.eq(0)
+                    m.d.comb += done.eq(1)
+            with m.Else():
+                m.d.sync += col_tile.eq(col_tile + 1)
+    return d, col_tile, row_tile, done
+
+
+def tile_feeder(m, pipe, rows, cols, running, w, s, reduce_len, columns, rows_total,
+                spacing=None):
+    """Pair the ``w`` and ``s`` beats of a tiled job for a :class:`SisArray`.
+
+    Beats come in the order of :func:`golden.spiking_expert.expert_input_beats`: per row tile
+    (``rows`` of ``rows_total``), per column tile (``cols`` of ``columns``), ``reduce_len``
+    beats. A tile's columns leave every row on ``cols`` consecutive cycles, so a tile's last
+    beat waits until ``cols`` advancing cycles have passed since the previous one (never when
+    ``reduce_len >= cols``). A larger ``spacing`` than ``cols`` holds the tiles further apart
+    (for an array read out into a wider one). Returns ``(take, first, last, done)``: the beat
+    is taken, it is its tile's first / last, it is the job's last (all combinational).
+    """
+    spacing = cols if spacing is None else spacing
+    first, last, take = Signal(), Signal(), Signal()
+    d, _, _, done = tile_counter(m, take, reduce_len, columns, cols, rows_total, rows)
+    m.d.comb += [first.eq(d == 0), last.eq(d == reduce_len - 1)]
+    since_last = Signal(range(spacing + 1), init=spacing)
+    m.d.comb += [take.eq(pipe.enable & running & w.valid & s.valid &
+                         (~last | (since_last >= spacing))),
+                 w.ready.eq(take), s.ready.eq(take)]
+    with m.If(pipe.enable):
+        with m.If(take & last):
+            m.d.sync += since_last.eq(1)
+        with m.Elif(since_last < spacing):
+            m.d.sync += since_last.eq(since_last + 1)
+    return take, first, last, done
+
+
 register(Block(
     name="spiking_expert", family="spiking_expert", config=SpikingExpertConfig, build=SpikingExpert,
     figures=lambda cfg: {"column_latency_cycles": golden.column_latency(cfg.rows),
@@ -261,20 +322,23 @@ register(Block(
     demo_configs=({"rows": 8, "cols": 16},),
     area_unit="PE", area_units=lambda cfg: cfg.rows * cfg.cols,
     tiers=lambda cfg: (SpikingExpert(cfg, tier="top"), SisArray(cfg)),
-    demo_report=lambda: _tier_report(),
+    demo_report=lambda measured: tier_report(
+        "spiking_expert", "generators, V memory, control, FIFO", "the synaptic-integration array"),
 ))
 
 
-def _tier_report():
+def tier_report(name, top_holds, bottom_holds):
+    """The ``make demo`` 2D/3D table of a two-tier block (its first demo configuration)."""
     from flows.threed import synthesize_3d      # imported late: flows import the registry
     from hw.registry import get_block
-    block = get_block("spiking_expert")
-    r = synthesize_3d(block, block.config(**block.demo_configs[0]))
-    lines = ["spiking_expert rows=8 cols=16, two-tier 3D build (moegen synth spiking_expert --3d)",
-             f"  tier top (die 0: generators, V memory, control, FIFO): {r['top']['cells']} cells",
-             f"  tier bottom (die 1: the synaptic-integration array): {r['bottom']['cells']} "
-             "cells",
-             f"  2D (one die): {r['2d']['cells']} cells; bonds {r['bonds']['down']} down, "
-             f"{r['bonds']['up']} up",
-             f"  footprint estimate (largest tier / 2D): {r['footprint_ratio']:.2f}"]
-    return "\n".join(lines)
+    block = get_block(name)
+    params = block.demo_configs[0]
+    r = synthesize_3d(block, block.config(**params))
+    shown = " ".join(f"{key}={value}" for key, value in params.items())
+    return "\n".join([
+        f"{name} {shown}, two-tier 3D build (moegen synth {name} --3d)",
+        f"  tier top (die 0: {top_holds}): {r['top']['cells']} cells",
+        f"  tier bottom (die 1: {bottom_holds}): {r['bottom']['cells']} cells",
+        f"  2D (one die): {r['2d']['cells']} cells; bonds {r['bonds']['down']} down, "
+        f"{r['bonds']['up']} up",
+        f"  footprint estimate (largest tier / 2D): {r['footprint_ratio']:.2f}"])

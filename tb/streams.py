@@ -17,7 +17,8 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from cocotb.utils import get_sim_time
 
 __all__ = ["CLOCK_PERIOD_NS", "start_clock", "reset_dut", "start_after_reset", "edge_now",
-           "StreamSource", "StreamSink", "InOrderScoreboard", "wait_for"]
+           "StreamSource", "StreamSink", "StreamBench", "JobBench", "InOrderScoreboard",
+           "wait_for", "check_in_order"]
 
 CLOCK_PERIOD_NS = 10
 
@@ -177,6 +178,80 @@ class StreamSink(_StreamEnd):
             if self._accepting and self._valid.value:
                 self.received.append((edge_now(), self._layout.from_bits(_read_bits(self._payload))))
             self._choose_ready()
+
+
+class StreamBench:
+    """A source on each of ``sources`` and a sink on each of ``sinks`` (port names of
+    ``component``, the unelaborated design), started and stopped together."""
+
+    def __init__(self, dut, component, rng, sources, sinks, gap=0.0, stall=0.0):
+        self.dut, self.rng = dut, rng
+        self.sources = {name: StreamSource(dut, name, getattr(component, name).payload.shape(),
+                                           rng, gap) for name in sources}
+        self.sinks = {name: StreamSink(dut, name, getattr(component, name).payload.shape(),
+                                       rng, stall) for name in sinks}
+
+    def start(self):
+        for port in (*self.sources.values(), *self.sinks.values()):
+            port.start()
+
+    def stop(self):
+        for port in (*self.sources.values(), *self.sinks.values()):
+            port.stop()
+
+
+class JobBench(StreamBench):
+    """A :class:`StreamBench` for a block that takes jobs on a ``cmd`` port and has ``busy`` and
+    a sticky ``error`` output: the drain, reset and bad-command steps its tests share."""
+
+    async def settle(self, sink, count, max_cycles):
+        """Wait for ``count`` beats on ``sink``, then for ``busy`` to fall; under ``--3d`` (the
+        DUT is BLOCK_equiv) also check the 3D build never differed from the 2D build."""
+        await wait_for(self.dut, lambda: len(self.sinks[sink].received) == count, max_cycles,
+                       f"every {sink} beat out")
+        await wait_for(self.dut, lambda: not self.dut.busy.value, 400, "block idle")
+        await ClockCycles(self.dut.clk, 3)
+        mismatch = getattr(self.dut, "mismatch", None)
+        if mismatch is not None:
+            assert mismatch.value == 0, "the 3D build's outputs differ from the 2D build's"
+
+    async def reset_mid_job(self, output):
+        """Stop every port, reset, check nothing survived on ``busy`` and the ``output`` stream,
+        forget what was received and start again."""
+        self.stop()
+        await reset_dut(self.dut)
+        assert not self.dut.busy.value and not getattr(self.dut, f"{output}__valid").value, (
+            "state survived the reset")
+        for sink in self.sinks.values():
+            sink.received.clear()
+        self.start()
+
+    def comparisons(self):
+        """``(what, received, expected)`` lists :meth:`check` compares (set by the subclass)."""
+        raise NotImplementedError
+
+    def check(self):
+        """Every received list equals its expected list, in order; ``error`` stayed low."""
+        for what, got, expected in self.comparisons():
+            check_in_order(got, expected, what)
+        assert not self.dut.error.value, "error set by valid jobs"
+
+    async def reject_commands(self, good, changes):
+        """Send ``good`` with each of ``changes`` applied: every one must set ``error`` and
+        leave the block idle (the command is dropped)."""
+        for change in changes:
+            self.sources["cmd"].send({**good, **change})
+            await wait_for(self.dut, lambda: self.sources["cmd"].idle, 50, "bad command taken")
+            await ClockCycles(self.dut.clk, 3)
+            assert self.dut.error.value == 1 and not self.dut.busy.value, (
+                f"{change} not rejected")
+
+
+def check_in_order(got, expected, what):
+    """Assert two lists of beats are equal, naming the first difference."""
+    assert len(got) == len(expected), f"{len(got)} {what}s, expected {len(expected)}"
+    for index, (have, want) in enumerate(zip(got, expected)):
+        assert have == want, f"{what} {index}: got {have}, expected {want}"
 
 
 class InOrderScoreboard:

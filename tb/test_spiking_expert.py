@@ -12,29 +12,20 @@ from cocotb.triggers import ClockCycles
 
 from golden import spiking_expert as golden
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import StreamSink, StreamSource, reset_dut, start_after_reset, wait_for
+from tb.streams import JobBench, start_after_reset
 
 STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (0.5, 0.5)]
 
 
-class ExpertBench:
+class ExpertBench(JobBench):
     """Sources on ``cmd``, ``w``, ``s``; a sink on ``out``; the expected beats."""
 
     def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
-        self.dut, self.cfg, self.rng = dut, config, rng
-        self.sources = {name: StreamSource(dut, name, getattr(component, name).payload.shape(),
-                                           rng, gap) for name in ("cmd", "w", "s")}
-        self.out = StreamSink(dut, "out", component.out.payload.shape(), rng, stall)
+        super().__init__(dut, component, rng, ("cmd", "w", "s"), ("out",), gap, stall)
+        self.cfg = config
+        self.out = self.sinks["out"]
         self.expected = []
         self.synaptic_ops = 0
-
-    def start(self):
-        for port in (*self.sources.values(), self.out):
-            port.start()
-
-    def stop(self):
-        for port in (*self.sources.values(), self.out):
-            port.stop()
 
     def random_job(self, d_in, d_out, tokens, steps, density=0.3, vth=None, vleak=None):
         cfg = self.cfg
@@ -66,32 +57,16 @@ class ExpertBench:
         self.synaptic_ops += d_out * sum(map(sum, (st for tok in spikes for st in tok)))
 
     async def drain(self):
-        await wait_for(self.dut, lambda: len(self.out.received) == len(self.expected),
-                       60 * len(self.expected) + 20 * len(self.sources["w"].sent_edges)
-                       + 4000, "every output out")
-        await wait_for(self.dut, lambda: not self.dut.busy.value, 400, "core idle")
-        await ClockCycles(self.dut.clk, 3)
-        check_3d_matches_2d(self.dut)
+        await self.settle("out", len(self.expected), 60 * len(self.expected)
+                          + 20 * len(self.sources["w"].sent_edges) + 4000)
 
     def results(self):
         """Received beats as ``(spikes, token, timestep, tile, last)``."""
         return [(int(b.spikes), int(b.token), int(b.timestep), int(b.tile), int(b.last))
                 for _, b in self.out.received]
 
-    def check(self):
-        got = self.results()
-        assert len(got) == len(self.expected), f"{len(got)} beats, expected {len(self.expected)}"
-        for index, (have, want) in enumerate(zip(got, self.expected)):
-            assert have == want, f"beat {index}: got {have}, expected {want}"
-        assert not self.dut.error.value, "error set by valid jobs"
-
-
-def check_3d_matches_2d(dut):
-    """Under ``moegen sim --3d`` the DUT is BLOCK_equiv: its ``mismatch`` output rises if any
-    output of the 3D build ever differed from the 2D build's on a cycle out of reset."""
-    mismatch = getattr(dut, "mismatch", None)
-    if mismatch is not None:
-        assert mismatch.value == 0, "the 3D build's outputs differ from the 2D build's"
+    def comparisons(self):
+        return [("beat", self.results(), self.expected)]
 
 
 def _setup(dut, salt, **kwargs):
@@ -141,12 +116,8 @@ async def test_reset_mid_job(dut):
     R, C = bench.cfg.rows, bench.cfg.cols
     bench.job(*bench.random_job(2 * C, 2 * R, min(2, bench.cfg.max_tokens), 3))
     await ClockCycles(dut.clk, 2 * C + 5)
-    bench.stop()
-    await reset_dut(dut)
-    assert not dut.busy.value and not dut.out__valid.value, "state survived the reset"
-    bench.out.received.clear()
+    await bench.reset_mid_job("out")
     bench.expected.clear()
-    bench.start()
     bench.job(*bench.random_job(4, R, 1, 2))
     await bench.drain()
     bench.check()
@@ -162,11 +133,7 @@ async def test_bad_commands_set_sticky_error(dut):
     bad = [{"d_in": 0}, {"d_out": 0}, {"tokens": 0}, {"timesteps": 0}]
     if (cfg.max_tokens + 1).bit_length() == cfg.max_tokens.bit_length():
         bad.append({"tokens": cfg.max_tokens + 1})      # representable in the tokens field
-    for change in bad:
-        bench.sources["cmd"].send({**good, **change})
-        await wait_for(dut, lambda: bench.sources["cmd"].idle, 50, "bad command taken")
-        await ClockCycles(dut.clk, 3)
-        assert dut.error.value == 1 and not dut.busy.value, f"{change} not rejected"
+    await bench.reject_commands(good, bad)
     bench.job(*bench.random_job(3, 2, 1, 2))
     await bench.drain()
     assert bench.results() == bench.expected and dut.error.value == 1, (
