@@ -12,7 +12,8 @@ __all__ = ["Block", "register", "get_block", "all_blocks", "UnknownBlock"]
 
 # Families are imported lazily so that `import hw.registry` stays cheap; adding a family means
 # adding its module name here and calling `register` inside it.
-FAMILIES = ("systolic", "pmu", "nop", "router", "ndp", "spiking", "spiking_expert")
+FAMILIES = ("systolic", "pmu", "nop", "router", "ndp", "spiking", "spiking_expert",
+            "spiking_router", "spiking_moe", "spiking_attention")
 
 _BLOCKS = {}
 
@@ -49,8 +50,14 @@ class Block:
         ``tiers(config) -> (top component, bottom component)`` for the two-tier 3D build
         (:mod:`flows.threed`); None when the block has no tier partition.
     demo_report : callable, optional
-        ``demo_report() -> str``, printed after the ``make demo`` table (a family's model
-        results, e.g. the NDP schedule table).
+        ``demo_report(measured) -> str``, printed after the ``make demo`` table (a family's
+        model results, e.g. the NDP schedule table); ``measured`` is what the first demo
+        configuration's ``test_throughput`` wrote (None if it did not run).
+    synth_flatten : bool
+        Flatten before the generic synthesis (the default). False maps each module on its
+        own: Yosys 0.70's ABC (yowasp) exits without a word on flattened netlists holding several
+        spike-gated arrays (spiking_moe, spiking_attention); the cells are then counted over
+        the hierarchy.
     """
     name: str
     family: str
@@ -63,6 +70,7 @@ class Block:
     area_units: Callable = lambda config: 1
     tiers: Callable = None
     demo_report: Callable = None
+    synth_flatten: bool = True
 
     @property
     def tb_module(self):

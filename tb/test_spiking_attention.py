@@ -1,0 +1,168 @@
+"""cocotb tests of ``spiking_attention`` against ``golden.spiking_attention`` (seed 004 Alg. 2).
+
+Every output beat (the H heads' spikes of one feature and timestep, timestep, feature, last)
+is compared, in order, with the golden spiking multi-head attention on the same Q, K, V, Vth
+and Vleak.
+"""
+
+import time
+
+import cocotb
+from cocotb.triggers import ClockCycles
+
+from golden import spiking_attention as golden
+from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.streams import JobBench, start_after_reset
+
+STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (0.5, 0.5)]
+
+
+class AttentionBench(JobBench):
+    """Sources on ``cmd``, ``qk``, ``v``; a sink on ``out``; the expected beats."""
+
+    def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
+        super().__init__(dut, component, rng, ("cmd", "qk", "v"), ("out",), gap, stall)
+        self.cfg = config
+        self.out = self.sinks["out"]
+        self.expected = []
+        self.synaptic_ops = 0
+
+    def random_job(self, tokens, steps, dim, density=0.5):
+        def spikes():
+            return [[[[int(self.rng.random() < density) for _ in range(dim)]
+                      for _ in range(self.cfg.heads)] for _ in range(tokens)]
+                    for _ in range(steps)]
+        q, k, v = spikes(), spikes(), spikes()
+        v_max = (1 << (self.cfg.v_width - 1)) - 1
+        vth = min(v_max, self.rng.randint(0, max(1, tokens * dim // 3)))
+        return q, k, v, vth, min(v_max, self.rng.randint(0, 2))
+
+    def job(self, q, k, v, vth, vleak):
+        cfg = self.cfg
+        tokens, steps, dim = len(q[0]), len(q), len(q[0][0][0])
+        self.sources["cmd"].send({"tokens": tokens, "timesteps": steps, "head_dim": dim,
+                                  "vth": vth, "vleak": vleak})
+        qk, vb = golden.attention_input_beats(q, k, v, cfg.max_tokens, cfg.max_head_dim)
+        for q_bits, k_bits in qk:
+            self.sources["qk"].send({"q": q_bits, "k": k_bits})
+        for bits in vb:
+            self.sources["v"].send({"v": bits})
+        out = golden.attention_reference(q, k, v, vth, vleak, cfg.v_width)
+        self.expected += golden.attention_output_order(out, cfg.heads, cfg.max_tokens)
+        # AND-popcount adds (N x N x d) and A.V adds where V is 1, per head and timestep.
+        self.synaptic_ops += steps * cfg.heads * tokens * tokens * dim + tokens * sum(
+            bits for step in v for token in step for head in token for bits in head)
+
+    async def drain(self):
+        await self.settle("out", len(self.expected), 80 * len(self.expected)
+                          + 40 * len(self.sources["qk"].sent_edges) + 4000)
+
+    def results(self):
+        return [(int(b.spikes), int(b.timestep), int(b.feature), int(b.last))
+                for _, b in self.out.received]
+
+    def comparisons(self):
+        return [("beat", self.results(), self.expected)]
+
+
+def _setup(dut, salt, **kwargs):
+    _, config, component = load_dut_config()
+    return AttentionBench(dut, config, component, make_rng(salt), **kwargs)
+
+
+@cocotb.test()
+@cocotb.parametrize((("gap", "stall"), STALL_PROFILES))
+async def test_random_jobs(dut, gap, stall):
+    """Full, small and odd token counts and head sizes, one and several timesteps, back to
+    back (the LIF state restarts per job)."""
+    bench = _setup(dut, f"jobs{gap}{stall}", gap=gap, stall=stall)
+    await start_after_reset(dut, bench)
+    N, D = bench.cfg.max_tokens, bench.cfg.max_head_dim
+    for tokens, steps, dim in ((N, 3, D), (1, 1, 1), (max(1, N - 1), 2, max(1, D // 2 + 1)),
+                               (min(N, 2), 4, D)):
+        bench.job(*bench.random_job(tokens, steps, dim))
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_threshold_edges(dut):
+    """All-ones Q, K, V (every Y = tokens x d): Y exactly at Vth (no spike), one below Vth
+    (spike and reset each step), and a leak that keeps V at zero."""
+    bench = _setup(dut, "edges")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    tokens, dim = min(cfg.max_tokens, 2), min(cfg.max_head_dim, 2)
+    ones = [[[[1] * dim for _ in range(cfg.heads)] for _ in range(tokens)] for _ in range(2)]
+    y = tokens * dim                       # A[n, m] = dim, Y[n, j] = tokens x dim
+    v_max = (1 << (cfg.v_width - 1)) - 1
+    for vth, vleak in ((min(y, v_max), 0), (y - 1, 0), (0, y)):
+        bench.job(ones, ones, ones, vth, vleak)
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_reset_mid_job(dut):
+    """Reset with a job in the arrays: no stale output, the next job is exact."""
+    bench = _setup(dut, "reset", gap=0.2, stall=0.2)
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    bench.job(*bench.random_job(cfg.max_tokens, 3, cfg.max_head_dim))
+    await ClockCycles(dut.clk, 2 * cfg.max_tokens + cfg.max_head_dim + 4)
+    await bench.reset_mid_job("out")
+    bench.expected.clear()
+    bench.job(*bench.random_job(1, 2, 1))
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_bad_commands_set_sticky_error(dut):
+    """Zero or too large sizes are dropped with a sticky error; the cores keep working."""
+    bench = _setup(dut, "bad")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    good = {"tokens": 1, "timesteps": 1, "head_dim": 1, "vth": 0, "vleak": 0}
+    bad = [{"tokens": 0}, {"timesteps": 0}, {"head_dim": 0}]
+    for field, limit in (("tokens", cfg.max_tokens), ("head_dim", cfg.max_head_dim)):
+        if (limit + 1).bit_length() == limit.bit_length():
+            bad.append({field: limit + 1})
+    await bench.reject_commands(good, bad)
+    bench.job(*bench.random_job(1, 2, 1))
+    await bench.drain()
+    assert bench.results() == bench.expected and dut.error.value == 1, (
+        "error not sticky or job wrong")
+
+
+@cocotb.test()
+async def test_throughput(dut):
+    """Waiting streams and a ready output: every qk beat, V beat and output on the edge the
+    golden cycle model gives (one timestep per max(d, N, max_head_dim) cycles)."""
+    bench = _setup(dut, "throughput")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    tokens, steps, dim = cfg.max_tokens, 4, cfg.max_head_dim
+    wall = time.perf_counter()
+    bench.job(*bench.random_job(tokens, steps, dim))
+    await bench.drain()
+    bench.check()
+    qk = bench.sources["qk"].sent_edges
+    start = qk[0]
+    model = golden.attention_cycles(tokens, steps, dim, cfg.max_tokens, cfg.max_head_dim)
+    last_qk = [qk[(t + 1) * dim - 1] - start for t in range(steps)]
+    assert last_qk == model["last_qk"], f"timesteps end at {last_qk}, expected {model['last_qk']}"
+    v = [edge - start for edge in bench.sources["v"].sent_edges]
+    assert v == model["v_beats"], f"V beats at {v}, expected {model['v_beats']}"
+    outs = [edge - start for edge, _ in bench.out.received]
+    assert outs == model["outputs"], f"outputs at {outs}, expected {model['outputs']}"
+    cycles = outs[-1] + 1
+    spikes = sum(bin(int(b.spikes)).count("1") for _, b in bench.out.received)
+    write_throughput({"cycles": cycles,
+                      "cycles_per_timestep": model["last_qk"][1] - model["last_qk"][0],
+                      "synaptic_ops_per_cycle": round(bench.synaptic_ops / cycles, 2),
+                      "peak_ops_per_cycle": cfg.heads * cfg.max_tokens
+                      * (cfg.max_tokens + cfg.max_head_dim),
+                      "output_spike_rate": round(spikes / (steps * tokens * dim * cfg.heads), 3)},
+                     "cycles, adds (AND-popcount and A.V) per cycle",
+                     (start + cycles) / (time.perf_counter() - wall))

@@ -1,0 +1,215 @@
+"""cocotb tests of ``spiking_moe`` against ``golden.spiking_moe`` (seed 004 Alg. 1).
+
+Every route (token, expert mask, scores, last) and every merged output beat (spikes, token,
+timestep, tile, last) is compared, in order, with the golden layer on the same spikes, routing
+weights, expert weights, K, Vth and Vleak.
+"""
+
+import time
+
+import cocotb
+from cocotb.triggers import ClockCycles
+
+from golden import spiking_moe as golden
+from golden.spiking_router import router_output_order
+from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.streams import JobBench, start_after_reset, wait_for
+
+STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (0.5, 0.5)]
+
+
+class MoeBench(JobBench):
+    """Sources on ``cmd``, ``act``, ``wr``, ``w``; sinks on ``route`` and ``out``."""
+
+    def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
+        super().__init__(dut, component, rng, ("cmd", "act", "wr", "w"), ("route", "out"),
+                         gap, stall)
+        self.cfg = config
+        self.expected_routes, self.expected = [], []
+        self.masks = []
+        self.synaptic_ops = 0
+
+    def random_layer(self, d_in, d_out, tokens, steps, density=0.4, favourite=None):
+        """Random spikes and weights; ``favourite`` gives that expert large routing weights."""
+        cfg, rng = self.cfg, self.rng
+        w_max = (1 << (cfg.w_width - 1)) - 1
+        spikes = [[[int(rng.random() < density) for _ in range(d_in)] for _ in range(steps)]
+                  for _ in range(tokens)]
+        routing = [[[w_max if e == favourite else rng.randint(-w_max - 1, w_max)
+                     for e in range(cfg.experts)] for _ in range(d_in)] for _ in range(steps)]
+        experts = [[[rng.randint(-w_max - 1, w_max) for _ in range(d_in)] for _ in range(d_out)]
+                   for _ in range(cfg.experts)]
+        v_max = (1 << (cfg.v_width - 1)) - 1
+        vth = min(v_max, rng.randint(0, w_max * max(1, d_in // 4)))
+        return spikes, routing, experts, vth, min(v_max, rng.randint(0, 2))
+
+    def job(self, spikes, routing, experts, vth, vleak, k):
+        cfg = self.cfg
+        d_in, d_out = len(spikes[0][0]), len(experts[0])
+        self.sources["cmd"].send({"d_in": d_in, "d_out": d_out, "tokens": len(spikes),
+                                  "timesteps": len(spikes[0]), "k": k, "vth": vth,
+                                  "vleak": vleak})
+        w_max = (1 << (cfg.w_width - 1)) - 1
+        act, wr, w = golden.moe_input_beats(spikes, routing, experts, cfg.rows,
+                                            cfg.max_timesteps,
+                                            pad=lambda: self.rng.randint(-w_max - 1, w_max))
+        for word in act:
+            self.sources["act"].send({"s": word})
+        for lanes in wr:
+            self.sources["wr"].send({"w": lanes})
+        for lanes in w:
+            self.sources["w"].send({"w": lanes})
+        masks, outputs = golden.moe_reference(spikes, routing, experts, k, vth, vleak,
+                                              cfg.acc_width, cfg.v_width)
+        self.masks += masks
+        self.expected_routes += router_output_order(spikes, routing, k, cfg.acc_width)
+        self.expected += golden.moe_output_order(outputs, d_out, cfg.rows)
+        self.synaptic_ops += sum(d_out * bin(mask).count("1") * sum(map(sum, token))
+                                 for mask, token in zip(masks, spikes))
+        return masks
+
+    async def drain(self):
+        await self.settle("out", len(self.expected), 80 * len(self.expected)
+                          + 40 * len(self.sources["w"].sent_edges) + 6000)
+
+    def routes(self):
+        return [(int(b.token), int(b.experts), [int(x) for x in b.scores], int(b.last))
+                for _, b in self.sinks["route"].received]
+
+    def results(self):
+        return [(int(b.spikes), int(b.token), int(b.timestep), int(b.tile), int(b.last))
+                for _, b in self.sinks["out"].received]
+
+    def comparisons(self):
+        return [("route", self.routes(), self.expected_routes),
+                ("beat", self.results(), self.expected)]
+
+
+def _setup(dut, salt, **kwargs):
+    _, config, component = load_dut_config()
+    return MoeBench(dut, config, component, make_rng(salt), **kwargs)
+
+
+def _shapes(cfg):
+    """(d_in, d_out, tokens, timesteps): small, full, and odd sizes within the buffers."""
+    N, T, D, O = cfg.max_tokens, cfg.max_timesteps, cfg.max_d_in, cfg.max_d_out
+    return [(min(D, 3), min(O, cfg.rows + 1), min(N, 3), min(T, 2)),
+            (D, O, N, T),
+            (1, 1, 1, 1),
+            (max(1, D // 2 + 1), max(1, O - 1), max(1, N - 1), max(1, T - 1))]
+
+
+@cocotb.test()
+@cocotb.parametrize((("gap", "stall"), STALL_PROFILES))
+async def test_random_layers(dut, gap, stall):
+    """Back-to-back layers of several shapes (full buffers included) with K = 1, 2, E."""
+    bench = _setup(dut, f"layers{gap}{stall}", gap=gap, stall=stall)
+    await start_after_reset(dut, bench)
+    E = bench.cfg.experts
+    for index, shape in enumerate(_shapes(bench.cfg)):
+        bench.job(*bench.random_layer(*shape), k=(1, min(2, E), E, 1)[index])
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_skewed_routing_and_merge(dut):
+    """Every token to one expert (K = 1: the other cores stay idle and the busy core tiles
+    all the pairs), then K = 2 with the same favourite: the OR of two experts' spikes."""
+    bench = _setup(dut, "skewed")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    shape = (min(cfg.max_d_in, 4), cfg.max_d_out, cfg.max_tokens, cfg.max_timesteps)
+    favourite = cfg.experts - 1
+    layer = bench.random_layer(*shape, density=0.6, favourite=favourite)
+    masks = bench.job(*layer, k=1)
+    assert set(masks) == {1 << favourite}, f"routing weights did not favour: {masks}"
+    if cfg.experts > 1:
+        bench.job(*layer, k=2)
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_reset_mid_job(dut):
+    """Reset while the experts compute: no stale route or output, the next layer is exact."""
+    bench = _setup(dut, "reset", gap=0.2, stall=0.2)
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    bench.job(*bench.random_layer(cfg.max_d_in, cfg.max_d_out, cfg.max_tokens,
+                                  cfg.max_timesteps), k=1)
+    await wait_for(dut, lambda: len(bench.sinks["route"].received) == cfg.max_tokens,
+                   200 * cfg.max_d_in * cfg.max_timesteps + 2000, "routes out")
+    await ClockCycles(dut.clk, 3)
+    await bench.reset_mid_job("out")
+    bench.expected_routes.clear()
+    bench.expected.clear()
+    bench.job(*bench.random_layer(min(2, cfg.max_d_in), min(3, cfg.max_d_out),
+                                  min(2, cfg.max_tokens), 1), k=1)
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_bad_commands_set_sticky_error(dut):
+    """Zero or too large sizes and K outside 1..E are dropped with a sticky error."""
+    bench = _setup(dut, "bad")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    good = {"d_in": 1, "d_out": 1, "tokens": 1, "timesteps": 1, "k": 1, "vth": 0, "vleak": 0}
+    bad = [{"d_in": 0}, {"d_out": 0}, {"tokens": 0}, {"timesteps": 0}, {"k": 0}]
+    for field, limit in (("d_in", cfg.max_d_in), ("d_out", cfg.max_d_out),
+                         ("tokens", cfg.max_tokens), ("timesteps", cfg.max_timesteps),
+                         ("k", cfg.experts)):
+        if (limit + 1).bit_length() == limit.bit_length():       # representable
+            bad.append({field: limit + 1})
+    await bench.reject_commands(good, bad)
+    bench.job(*bench.random_layer(2, 2, 1, 2), k=1)
+    await bench.drain()
+    assert bench.results() == bench.expected and dut.error.value == 1, (
+        "error not sticky or job wrong")
+
+
+@cocotb.test()
+async def test_throughput(dut):
+    """Waiting streams and ready outputs on a full-size layer: the cycle of every phase
+    against the golden cycle model (activation load, routing, the cores in parallel, the
+    merged read-out at one beat per cycle); synaptic operations per cycle."""
+    bench = _setup(dut, "throughput")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    layer = bench.random_layer(cfg.max_d_in, cfg.max_d_out, cfg.max_tokens, cfg.max_timesteps)
+    wall = time.perf_counter()
+    masks = bench.job(*layer, k=1)
+    await bench.drain()
+    bench.check()
+    start = bench.sources["cmd"].sent_edges[0]
+    model = golden.moe_cycles(cfg.max_d_in, cfg.max_d_out, cfg.max_tokens, cfg.max_timesteps,
+                              golden.routing_histogram(masks, cfg.experts), cfg.rows, cfg.cols)
+    relative = lambda edges: [edge - start for edge in edges]  # noqa: E731
+    act = relative(bench.sources["act"].sent_edges)
+    assert act == list(range(1, model["act_last"] + 1)), f"act beats at {act}"
+    wr = relative(bench.sources["wr"].sent_edges)
+    first, last = model["route_beats"]
+    assert wr == list(range(first, last + 1)), f"routing beats at {wr}, expected {first}..{last}"
+    routes = relative(edge for edge, _ in bench.sinks["route"].received)
+    assert routes == model["routes"], f"routes at {routes}, expected {model['routes']}"
+    weights = relative(bench.sources["w"].sent_edges)
+    assert weights[-1] == model["weights_last"], f"weights end at {weights[-1]}"
+    outs = relative(edge for edge, _ in bench.sinks["out"].received)
+    assert outs == model["outputs"], f"outputs at {outs}, expected {model['outputs']}"
+    cycles = outs[-1]
+    spikes_out = sum(bin(int(b.spikes)).count("1") for _, b in bench.sinks["out"].received)
+    d_out = cfg.max_d_out
+    write_throughput({"cycles": cycles,
+                      "synaptic_ops_per_cycle": round(bench.synaptic_ops / cycles, 2),
+                      "peak_ops_per_cycle": cfg.experts * cfg.rows * cfg.cols,
+                      "input_spike_rate": round(sum(map(sum, (step for token in layer[0]
+                                                              for step in token)))
+                                                / (len(masks) * cfg.max_timesteps
+                                                   * cfg.max_d_in), 3),
+                      "output_spike_rate": round(spikes_out / (len(masks) * cfg.max_timesteps
+                                                               * d_out), 3)},
+                     "cycles of a full-size layer (K = 1), synaptic operations per cycle",
+                     (start + cycles) / (time.perf_counter() - wall),
+                     routing_histogram=golden.routing_histogram(masks, cfg.experts))
