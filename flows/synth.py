@@ -20,10 +20,11 @@ from flows.verilog import config_key, generate, write_if_changed
 __all__ = ["TARGETS", "synthesize", "synthesize_files", "summarize", "SynthError"]
 
 TARGETS = {
-    # Power-on values dropped first: registers left constant by their drivers otherwise end
-    # with an undefined and a 0 init that Yosys 0.70's opt_clean refuses to merge
-    # ("conflicting init values"). Every register has a reset value; the cells are the same.
-    "generic": "setattr -unset init; synth -top {top} -lut 4{flatten}",
+    # Power-on values dropped first (after `proc`, which turns the Verilog initializers into
+    # init attributes): registers left constant by their drivers otherwise end with an
+    # undefined and a 0 init that Yosys 0.70's opt_clean refuses to merge ("conflicting init
+    # values"). Every register has a reset value, so the logic is the same.
+    "generic": "proc; setattr -unset init; synth -top {top} -lut 4{flatten}",
     "ice40": "synth_ice40 -top {top} -dsp",
     "ecp5": "synth_ecp5 -top {top}",
 }

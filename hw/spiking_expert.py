@@ -334,7 +334,7 @@ def tier_report(name, top_holds, bottom_holds):
     block = get_block(name)
     params = block.demo_configs[0]
     r = synthesize_3d(block, block.config(**params))
-    shown = " ".join(f"{key}={value}" for key, value in params.items())
+    shown = " ".join(f"{key}={value}" for key, value in params.items()) or "(defaults)"
     return "\n".join([
         f"{name} {shown}, two-tier 3D build (moegen synth {name} --3d)",
         f"  tier top (die 0: {top_holds}): {r['top']['cells']} cells",
