@@ -1,5 +1,8 @@
 """Helpers shared by pipelined blocks: stall-able registers and lane layouts."""
 
+import functools
+import operator
+
 from amaranth.hdl import Mux, Signal, signed
 from amaranth.lib import data
 
@@ -27,11 +30,8 @@ def select(index, values):
     Used instead of ``Array`` reads and ``word_select``/``bit_select`` with a variable index:
     the shifts those become made Yosys 0.70's ABC9 (yowasp) exit without a word.
     """
-    result = None
-    for i, value in enumerate(values):
-        term = Mux(index == i, value, 0)
-        result = term if result is None else result | term
-    return result
+    return functools.reduce(operator.or_, (Mux(index == i, value, 0)
+                                           for i, value in enumerate(values)))
 
 
 class StallPipe:

@@ -27,8 +27,7 @@ from hw.spiking import lif_neuron
 from hw.systolic import OUT_FIFO_DEPTH, os_grid
 
 __all__ = ["SpikingExpertConfig", "SpikingExpert", "SisArray", "array_signature",
-           "expert_command_layout", "tile_counter", "tile_feeder", "tier_report", "TieredComponent",
-           "feed_sis_array"]
+           "expert_command_layout", "tile_counter", "tile_feeder", "tier_report", "TieredComponent"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,22 +133,20 @@ class TieredComponent(wiring.Component):
     def config(self):
         return self._cfg
 
-
-def feed_sis_array(m, component, array_config, pipe, take, first, last):
-    """The bottom tier of the expert and the router: one :class:`SisArray` fed from the
-    component's paired ``w``/``s`` streams (``component.bottom`` in a top-tier build, else a
-    submodule ``array``). Returns the array and its R column read-out values (signed)."""
-    if component._tier == "top":
-        array = component.bottom
-    else:
-        m.submodules.array = array = SisArray(array_config)
-    m.d.comb += [array.enable.eq(pipe.enable), array.valid.eq(take),
-                 array.first.eq(first), array.last.eq(last),
-                 array.w.eq(component.w.payload.w.as_value()),
-                 array.s.eq(component.s.payload.s)]
-    acc = array_config.acc_width
-    rows = len(array.values) // acc
-    return array, [array.values[i * acc:(i + 1) * acc].as_signed() for i in range(rows)]
+    def feed_sis_array(self, m, pipe, take, first, last):
+        """The bottom tier of the expert and the router: one :class:`SisArray` fed from the
+        paired ``w``/``s`` streams (``self.bottom`` in a top-tier build, else a submodule
+        ``array``). Returns the array and its R column read-out values (signed)."""
+        if self._tier == "top":
+            array = self.bottom
+        else:
+            m.submodules.array = array = SisArray(self._cfg)
+        m.d.comb += [array.enable.eq(pipe.enable), array.valid.eq(take),
+                     array.first.eq(first), array.last.eq(last),
+                     array.w.eq(self.w.payload.w.as_value()), array.s.eq(self.s.payload.s)]
+        acc = self._cfg.acc_width
+        rows = len(array.values) // acc
+        return array, [array.values[i * acc:(i + 1) * acc].as_signed() for i in range(rows)]
 
 
 class SpikingExpert(TieredComponent):
@@ -210,7 +207,7 @@ class SpikingExpert(TieredComponent):
             m.d.sync += [running.eq(0), draining.eq(1)]
 
         # Bottom tier: the synaptic-integration-stationary array, read out column by column.
-        array, integrations = feed_sis_array(m, self, cfg, pipe, take, first, last)
+        array, integrations = self.feed_sis_array(m, pipe, take, first, last)
         column_valid, column_last = array.column_valid, array.column_last
 
         # Top tier: spike generators. One V word (R potentials) per token of this row tile.

@@ -21,6 +21,8 @@ tier (:class:`MoeArrays`); buffers, router logic, generators, dispatch and merge
 """
 
 import dataclasses
+import functools
+import operator
 
 from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
@@ -335,7 +337,7 @@ class SpikingMoe(TieredComponent):
         for i, word in enumerate(merged):
             incoming = [Mux(valid & (address == i), spikes, 0) for valid, address, spikes in hits]
             with m.If(Cat(*[valid & (address == i) for valid, address, _ in hits]).any()):
-                m.d.sync += word.eq(word | _or_all(incoming))
+                m.d.sync += word.eq(word | functools.reduce(operator.or_, incoming))
 
         out = self.out.payload
         m.d.comb += [out.spikes.eq(select((out_tile * N + out_token) * T + out_step, merged)),
@@ -387,13 +389,6 @@ class SpikingMoe(TieredComponent):
             m.d.sync += dispatching[e].eq(0)
         with m.If(~dispatching[e]):
             m.d.sync += [base_j.eq(0), base_t.eq(0)]
-
-
-def _or_all(values):
-    result = values[0]
-    for value in values[1:]:
-        result = result | value
-    return result
 
 
 register(Block(

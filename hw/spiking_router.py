@@ -23,8 +23,8 @@ from golden import spiking_router as golden
 from hw.params import int_param, validate
 from hw.pipeline import StallPipe
 from hw.registry import Block, register
-from hw.spiking_expert import (SisArray, TieredComponent, array_signature, feed_sis_array,
-                                tier_report, tile_feeder)
+from hw.spiking_expert import (SisArray, TieredComponent, array_signature, tier_report,
+                                tile_feeder)
 from hw.systolic import OUT_FIFO_DEPTH
 
 __all__ = ["SpikingRouterConfig", "SpikingRouter", "router_command_layout", "route_layout",
@@ -140,7 +140,7 @@ class SpikingRouter(TieredComponent):
         with m.If(job_done):
             m.d.sync += [running.eq(0), draining.eq(1)]
 
-        array, scores = feed_sis_array(m, self, cfg, pipe, take, first, last)
+        array, scores = self.feed_sis_array(m, pipe, take, first, last)
 
         # Top tier: one token's scores per column; padding columns past the job's tokens drop.
         token = Signal(bits_for(cfg.max_tokens + C))
