@@ -12,15 +12,15 @@ import json
 import time
 from pathlib import Path
 
-from flows.cli import _table
+from flows.activity import tier_activity
+from flows.reports import model_reports, table
 from flows.sim import SimFailure, run_tests
 from flows.synth import SynthError, synthesize
-from flows.threed import tier_activity
 from flows.toolchain import BUILD_ROOT
 from flows.verilog import generate
-from tb.harness import THROUGHPUT_FILE
 from hw.params import format_value
 from hw.registry import all_blocks
+from tb.harness import THROUGHPUT_FILE
 
 __all__ = ["run_bench", "run_demo", "demo_configurations"]
 
@@ -72,7 +72,7 @@ def run_bench(output):
                      f"{figures['sim_cycles_per_second']:.0f}",
                      f"{record['icarus']['sim_cycles_per_second']:.0f}",
                      area["cells"], f"{area['cells'] / units:.0f}/{block.area_unit}"))
-    print(_table(["block", "params", "measured (cycle-exact)", "verilator cyc/s",
+    print(table(["block", "params", "measured (cycle-exact)", "verilator cyc/s",
                   "icarus cyc/s", "cells", "cells per unit"], rows))
     for record in records:
         if "tier_activity" in record:
@@ -112,27 +112,14 @@ def run_demo():
                      area["luts"]))
     print()
     print("moegen demo: Verilog -> cocotb on Verilator vs NumPy golden -> Yosys (generic, LUT4)")
-    print(_table(["block", "params", "verilator tests", "measured (cycle-exact)", "cells",
+    print(table(["block", "params", "verilator tests", "measured (cycle-exact)", "cells",
                   "flip-flops", "LUTs"], rows))
-    print("systolic: cycles for 32 jobs of K=R (ideal = one MAC per PE per cycle); "
-          "pmu: read accesses per cycle, pattern/mapping")
-    print("nop_switch/nop_tree: flits per cycle per link (burst root/leaf/combine, continuous "
-          "root), hop latency, r = leaf copies per token of a synthetic top-2 trace, "
-          "round-robin vs clustered placement, root-link flits per token forwarding every "
-          "expert / every leaf / in-network combine; topk_router: routes per cycle, latency, "
-          "r of a top-k trace routed by the RTL")
-    print("ndp_core: MAC utilization (useful MACs / M per cycle) of a gemv with an ideal "
-          "weight stream and fed by the DDR4-3200 model; a 4-DIMM tensor-parallel Qwen3 expert "
-          "scaled to the buffers (slice cycles, partial sums checked against the whole "
-          "expert); one DIMM's slice (N = 4) of each Table II expert, scaled, in cycles; "
-          "lif: timesteps per cycle, latency, spike rate of a random drive; spiking_expert: "
-          "cycles of a 2 x 2-tile job, synaptic operations per cycle vs the R x C peak; "
-          "spiking_router: score additions per cycle vs E x C; spiking_moe: cycles of a full "
-          "layer, synaptic operations per cycle vs E x R x C; spiking_attention: cycles per "
-          "timestep, adds per cycle vs H x N x (N + d)")
+    for block in all_blocks():
+        if block.legend:
+            print(f"{block.name}: {block.legend}")
     print(f"Verilog, manifests and synthesis reports: {BUILD_ROOT / 'demo'}")
     for block in all_blocks():
-        if block.demo_report is not None:
+        for text in model_reports(block, measured_first.get(block.name)):
             print()
-            print(block.demo_report(measured_first.get(block.name)))
+            print(text)
     return status

@@ -1,4 +1,4 @@
-"""The ``moegen`` command: list, verilog, sim, synth, doctor, bench, demo, schedule.
+"""The ``moegen`` command: list, verilog, sim, synth, doctor, bench, demo, schedule, docs.
 
 Every subcommand is a thin layer over the Python API in ``flows``. Bad input (unknown block,
 parameter, simulator or target; a value of the wrong type or out of range) prints one line,
@@ -7,10 +7,10 @@ status 2, without a traceback.
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from flows.reports import table
 from hw.params import ParamError, describe, parse_params
 from hw.registry import UnknownBlock, all_blocks, get_block
 
@@ -34,20 +34,10 @@ def _block_and_config(args):
     return block, parse_params(block.config, args.param or [])
 
 
-def _table(headers, rows):
-    cells = [[str(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
-              for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
-    return "\n".join(lines)
-
-
 def cmd_list(args):
     for block in all_blocks():
         print(f"{block.name} — {block.summary}")
-        print(_table(["parameter", "default", "allowed", "meaning"],
+        print(table(["parameter", "default", "allowed", "meaning"],
                      [(n, d, a, doc) for n, d, a, doc in describe(block.config)]))
         print()
     return 0
@@ -107,7 +97,7 @@ def cmd_synth(args):
     except SynthError as failure:
         print(f"moegen: FAILED: {failure}", file=sys.stderr)
         return 1
-    print(_table(["block", "target", "cells", "flip-flops", "LUTs", "DSPs"],
+    print(table(["block", "target", "cells", "flip-flops", "LUTs", "DSPs"],
                  [(block.name, args.target, report["cells"], report["flip_flops"],
                    report["luts"], report["dsps"])]))
     print(f"report: {report['json']}")
@@ -129,7 +119,7 @@ def _synth_3d(block, config, target):
              r["bottom"]["flip_flops"], r["bottom"]["luts"]),
             (f"{block.name} 2D (one die)", r["2d"]["cells"], r["2d"]["flip_flops"],
              r["2d"]["luts"])]
-    print(_table(["build", "cells", "flip-flops", "LUTs"], rows))
+    print(table(["build", "cells", "flip-flops", "LUTs"], rows))
     print(f"bonds: {r['bonds']['down']} top -> bottom, {r['bonds']['up']} bottom -> top")
     print(f"footprint estimate (largest tier / 2D cells): {r['footprint_3d']} / "
           f"{r['footprint_2d']} = {r['footprint_ratio']:.2f}")
@@ -139,7 +129,7 @@ def _synth_3d(block, config, target):
 def cmd_doctor(args):
     from flows.toolchain import doctor_rows
     rows = doctor_rows()
-    print(_table(["tool", "path", "version", "ok", "note"],
+    print(table(["tool", "path", "version", "ok", "note"],
                  [(t, p or "MISSING", ".".join(map(str, v)) if isinstance(v, tuple) else v,
                    "yes" if ok else "NO", note) for t, p, v, ok, note in rows]))
     return 0 if all(row[3] for row in rows) else 1
@@ -153,6 +143,21 @@ def cmd_bench(args):
 def cmd_demo(args):
     from flows.bench import run_demo
     return run_demo()
+
+
+def cmd_docs(args):
+    from flows import docs
+    if args.check:
+        stale = docs.stale_files()
+        for path in stale:
+            print(f"moegen docs: {path} is not what `moegen docs` generates", file=sys.stderr)
+        return 1 if stale else 0
+    if args.bench and not Path(args.bench).is_file():
+        raise _UsageError(f"option '--bench': got {args.bench}; allowed: a bench.json that "
+                          "`make bench` wrote")
+    for path in docs.update(args.bench):
+        print(f"wrote {path}")
+    return 0
 
 
 def _dimm_counts(text):
@@ -225,6 +230,13 @@ def _parser():
                    help="expert popularity ~ 1/rank**skew of the synthetic routing")
     p.add_argument("-o", "--output", default="build/schedule", help="output folder")
     p.set_defaults(func=cmd_schedule)
+    p = sub.add_parser("docs", help="regenerate the parameter, figure and block tables of "
+                       "README.md and docs/blocks/")
+    p.add_argument("--bench", metavar="BENCH_JSON",
+                   help="first record this `make bench` output as docs/bench.json")
+    p.add_argument("--check", action="store_true",
+                   help="change nothing; exit 1 if a table differs from what it would write")
+    p.set_defaults(func=cmd_docs)
     return parser
 
 

@@ -14,7 +14,7 @@ Compares, for 2, 4 and 6 NDP-DIMMs and the four models of Table II:
 
 Time of an NDP expert slice: the ``ndp_core`` cycle model (:func:`golden.ndp.command_cycles`,
 which the RTL meets cycle for cycle in ``tb/test_ndp.py``) for ``ffn_slice(I/N, D)`` with
-M = 64 at 1.6 GHz, started when the DDR4-3200 model (:mod:`tb.dram`) delivers the first beat.
+M = 64 at 1.6 GHz, started when the DDR4-3200 model (:mod:`golden.dram`) delivers the first beat.
 The other figures are assumptions, listed in :class:`Hardware`; change them there.
 Routing is synthetic: expert popularity falls off as ``1/rank**skew`` (seeded), tokens draw
 TopK distinct experts by popularity; the prefill (S = 512 tokens) and the decode tokens come
@@ -27,7 +27,8 @@ import math
 import numpy as np
 
 from golden import ndp as golden
-from tb.dram import DDR4_3200AA, Ddr4Stream
+from golden.dram import DDR4_3200AA, Ddr4Stream
+from golden.ndp import MODELS, Model
 
 __all__ = ["Hardware", "Model", "MODELS", "STRATEGIES", "eg_prime", "solve_balance",
            "solve_e_max", "ndp_slice_seconds", "layer_latencies", "run", "averages",
@@ -61,30 +62,6 @@ class Hardware:
     skew: float = 0.8                   # expert popularity ~ 1/rank**skew (assumed)
     seq_len: int = 512                  # §V: input and output lengths 512
     seed: int = 7
-
-
-@dataclasses.dataclass(frozen=True)
-class Model:
-    """One row of Table II (+ total parameters from the model cards for the non-MoE part)."""
-    name: str
-    experts: int
-    topk: int
-    shared: int
-    hidden: int
-    inter: int
-    moe_layers: int
-    layers: int
-    total_params: float
-    expert_params: float
-    prefetch: int                      # experts per layer the GPU holds after the prefill
-
-
-MODELS = (
-    Model("DeepSeek-MoE", 64, 6, 2, 2048, 1408, 27, 28, 16.4e9, 15.4e9, 6),
-    Model("Qwen3-30B-A3B", 128, 8, 0, 2048, 768, 48, 48, 30.5e9, 29.0e9, 8),
-    Model("Phi-3.5-MoE", 16, 2, 0, 6400, 4096, 32, 32, 41.9e9, 40.3e9, 2),
-    Model("Mixtral-8x7B", 8, 2, 0, 4096, 14336, 32, 32, 46.7e9, 42.0e9, 1),
-)
 
 
 # --- the paper's equations --------------------------------------------------------------------

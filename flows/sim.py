@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flows import toolchain
+from flows.threed import generate_3d
 from flows.verilog import config_key, generate
 
 __all__ = ["SIMULATORS", "SimResult", "run_tests", "SimFailure"]
@@ -128,7 +129,6 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
         v_path, m_path, _ = generate(block, config, root / "rtl")
         sources = [v_path]
         if three_d:
-            from flows.threed import generate_3d
             built3d = generate_3d(block, config, root / "rtl3d")["paths"]
             sources = [built3d[k] for k in ("2d", "top", "bottom", "3d", "equiv")]
             toplevel = f"{block.name}_equiv"

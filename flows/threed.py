@@ -20,10 +20,11 @@ ordinary submodule, flattened by Yosys.
 
 from pathlib import Path
 
-from flows.verilog import convert, generate, port_list, write_if_changed
+from flows import toolchain
+from flows.synth import summarize, synthesize_files
+from flows.verilog import config_key, convert, generate, port_list, write_if_changed
 
-__all__ = ["generate_3d", "synthesize_3d", "tier_activity", "count_toggles", "bond_nets",
-           "NoTiers"]
+__all__ = ["generate_3d", "synthesize_3d", "bond_nets", "NoTiers"]
 
 BOND_MODULE = """// One F2F bond: a one-bit connection between the dies.
 module moegen_bond(input wire a, output wire y);
@@ -138,9 +139,6 @@ def generate_3d(block, config, out_dir):
 def synthesize_3d(block, config, target="generic", out_dir=None):
     """Synthesize each tier and the 2D build; returns cells per tier, the bond counts and the
     footprint estimate (largest tier) against the 2D build (all cells on one die)."""
-    from flows import toolchain
-    from flows.synth import summarize, synthesize_files
-    from flows.verilog import config_key
     out_dir = Path(out_dir) if out_dir else \
         toolchain.BUILD_ROOT / "synth3d" / f"{block.name}-{config_key(block, config)}"
     built = generate_3d(block, config, out_dir)
@@ -156,47 +154,3 @@ def synthesize_3d(block, config, target="generic", out_dir=None):
     report["footprint_2d"] = report["2d"]["cells"]
     report["footprint_ratio"] = report["footprint_3d"] / report["footprint_2d"]
     return report
-
-
-def count_toggles(values):
-    """Bit flips along a VCD value history (``[(time, "0101"), ...]``); x/z bits count as 0."""
-    def bits(text):
-        try:
-            return int(text, 2)
-        except ValueError:
-            return int("".join(c if c in "01" else "0" for c in text), 2)
-    flips, previous = 0, None
-    for _, text in values:
-        current = bits(text)
-        if previous is not None:
-            flips += bin(previous ^ current).count("1")
-        previous = current
-    return flips
-
-
-def tier_activity(block, config, testcase="test_throughput"):
-    """Switching activity per tier, a dynamic-power proxy: run ``testcase`` on the 3D build
-    (Verilator, VCD trace) and count the bit flips of every net under ``u_3d.u_top`` and
-    ``u_3d.u_bottom`` (the clock and reset excepted; a bonded net counts on each die's side).
-    Returns flips per cycle per tier and the cycles traced."""
-    import vcdvcd
-    from flows.sim import run_tests
-    if block.tiers is None:
-        raise NoTiers(f"block {block.name!r} has no tier partition")
-    result = run_tests(block, config, "verilator", testcase=[testcase], waves=True,
-                       quiet=True, three_d=True)
-    trace = vcdvcd.VCDVCD(str(result.waves), store_tvs=True)
-    flips = {"top": 0, "bottom": 0}
-    cycles = 1
-    for signal in trace.data.values():
-        if any(ref.endswith((".clk", ".rst")) for ref in signal.references):
-            if any(ref.endswith(".clk") for ref in signal.references):
-                cycles = max(cycles, sum(1 for _, value in signal.tv if value == "1"))
-            continue
-        for tier in flips:
-            if any(f".u_3d.u_{tier}." in ref for ref in signal.references):
-                flips[tier] += count_toggles(signal.tv)
-                break
-    return {"cycles": cycles, "trace": str(result.waves),
-            **{f"{tier}_flips_per_cycle": round(count / cycles, 2)
-               for tier, count in flips.items()}}

@@ -30,13 +30,14 @@ beat is column ``c*M + l`` of the current row, lanes past the row end are ignore
 The activation port carries x as ``ceil(cols/M)`` beats of M elements, same lane order.
 """
 
+import dataclasses
 import math
 
 import numpy as np
 
-from golden.nop import wrap  # the one scalar two's-complement wrap of the golden models
+from golden.fixed import saturate, wrap
 
-__all__ = ["requant", "wrap", "gemv", "ffn_slice", "ffn_expert", "split_sizes", "split_expert",
+__all__ = ["requant", "gemv", "ffn_slice", "ffn_expert", "split_sizes", "split_expert",
            "activation_lut", "gemv_weight_beats", "ffn_weight_beats", "vector_beats",
            "tree_levels", "gate_drain", "result_latency", "command_cycles", "weight_beats",
            "useful_macs", "timeline", "OP_GEMV", "OP_FFN_SLICE"]
@@ -49,8 +50,7 @@ def requant(value, shift, width):
     value = int(value)
     if shift:
         value = (value + (1 << (shift - 1))) >> shift
-    low, high = -(1 << (width - 1)), (1 << (width - 1)) - 1
-    return max(low, min(high, value))
+    return saturate(value, width)
 
 
 def gemv(weights, x, acc_width):
@@ -252,3 +252,28 @@ def command_cycles(op, rows, cols, load_x, mults, out_depth):
     """Edges from a command's transfer to the next one's, in the setting of :func:`timeline`
     with no earlier result holding an output slot."""
     return timeline([(op, rows, cols, load_x)], out_depth, mults)[1][-1] + 1
+
+
+# Table II of seed 002: the four MoE models the schedule model and the tests scale from.
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """One row of Table II (+ total parameters from the model cards for the non-MoE part)."""
+    name: str
+    experts: int
+    topk: int
+    shared: int
+    hidden: int
+    inter: int
+    moe_layers: int
+    layers: int
+    total_params: float
+    expert_params: float
+    prefetch: int                      # experts per layer the GPU holds after the prefill
+
+
+MODELS = (
+    Model("DeepSeek-MoE", 64, 6, 2, 2048, 1408, 27, 28, 16.4e9, 15.4e9, 6),
+    Model("Qwen3-30B-A3B", 128, 8, 0, 2048, 768, 48, 48, 30.5e9, 29.0e9, 8),
+    Model("Phi-3.5-MoE", 16, 2, 0, 6400, 4096, 32, 32, 41.9e9, 40.3e9, 2),
+    Model("Mixtral-8x7B", 8, 2, 0, 4096, 14336, 32, 32, 46.7e9, 42.0e9, 1),
+)

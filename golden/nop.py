@@ -10,9 +10,11 @@ import math
 
 import numpy as np
 
+from golden.fixed import wrap
+
 __all__ = ["DISPATCH_HOP_CYCLES", "COMBINE_HOP_CYCLES", "leaf_count", "internal_links",
            "deliveries", "link_flits", "forwarding_root_flits", "combine", "replication",
-           "dispatch_edges", "combine_first_edge", "figures", "wrap"]
+           "dispatch_edges", "combine_first_edge", "figures"]
 
 # A flit accepted by a switch at edge e is offered by its child output register from e and,
 # with a ready child, transferred at e + 1.
@@ -24,12 +26,6 @@ COMBINE_HOP_CYCLES = 2
 
 def leaf_count(fanouts):
     return math.prod(fanouts)
-
-
-def wrap(value, width):
-    """``value`` wrapped to a signed ``width``-bit integer (two's complement)."""
-    value = int(value) & ((1 << width) - 1)
-    return value - (1 << width) if value >> (width - 1) else value
 
 
 def _subtree_hit(mask, first_leaf, leaves):

@@ -1,7 +1,7 @@
 """Golden model of the PMU: address sequences, bank mapping, access costs, memory and cycles.
 
 Plain Python and NumPy; never imports amaranth or ``hw``. A *job* is a dict with the fields of
-the job descriptor (README, "PMU"): ``base``, ``bounds`` (L values, level 0 innermost),
+the job descriptor (docs/blocks/pmu.md): ``base``, ``bounds`` (L values, level 0 innermost),
 ``strides`` (L values), ``lane_stride``, ``pred_lo``, ``pred_hi``, ``diagonal``, ``bank_pos``,
 ``row_shift``, ``wait_other``. :func:`make_job` fills the defaults.
 """

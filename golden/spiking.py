@@ -16,16 +16,12 @@ After a step whose input beat carries ``last`` (the final timestep of a sample),
 returns to 0 for the next sample.
 """
 
-__all__ = ["saturate", "lif_step", "lif_run", "LATENCY"]
+from golden.fixed import saturate
+
+__all__ = ["lif_step", "lif_run", "LATENCY"]
 
 # Edges from an input beat's transfer to its output's transfer (ready output): one register.
 LATENCY = 1
-
-
-def saturate(value, width):
-    """``value`` clamped to the signed ``width``-bit range."""
-    low, high = -(1 << (width - 1)), (1 << (width - 1)) - 1
-    return max(low, min(high, int(value)))
 
 
 def lif_step(potentials, inputs, vth, vleak, v_width):

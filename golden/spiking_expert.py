@@ -4,10 +4,10 @@ Pure Python (no amaranth, no hw/): the synaptic integration, the LIF generators 
 :mod:`golden.spiking`), the tile order of the input streams, the output order and the timing.
 """
 
-from golden.nop import wrap
+from golden.fixed import wrap
 from golden.spiking import lif_step
 
-__all__ = ["wrap", "expert_reference", "expert_input_beats", "expert_output_order",
+__all__ = ["expert_reference", "expert_input_beats", "expert_output_order",
            "column_latency", "bond_count"]
 
 

@@ -10,7 +10,8 @@ output; with K > 1 it is the element-wise OR of its K experts' output spikes.
 """
 
 from golden.router import rank_order
-from golden.spiking_expert import column_latency, wrap
+from golden.fixed import wrap
+from golden.spiking_expert import column_latency
 
 __all__ = ["router_scores", "route_mask", "router_input_beats", "router_output_order",
            "merge", "column_latency"]

@@ -2,7 +2,7 @@
 
 Pure NumPy and Python: this module never imports amaranth or ``hw`` (the reference must not share
 code with the design it checks). Cycle figures are derived from the documented stream contracts
-(README, "Systolic contracts"), counted in rising clock edges: an input taken at edge ``e`` and an
+(docs/blocks/systolic.md), counted in rising clock edges: an input taken at edge ``e`` and an
 output taken at edge ``e + L`` are ``L`` cycles apart.
 """
 
@@ -10,15 +10,10 @@ import math
 
 import numpy as np
 
-__all__ = ["wrap", "matmul_wrapped", "os_tile_result", "tile_result", "ws_block_result",
+from golden.fixed import wrap
+
+__all__ = ["matmul_wrapped", "os_tile_result", "tile_result", "ws_block_result",
            "OSCycleModel", "WSCycleModel", "figures"]
-
-
-def wrap(values, width):
-    """Values reduced to ``width``-bit two's complement (exact, on Python integers)."""
-    arr = np.asarray(values, dtype=object)
-    half = 1 << (width - 1)
-    return (arr + half) % (1 << width) - half
 
 
 def matmul_wrapped(lhs, rhs, width):

@@ -21,20 +21,22 @@ stalls). The LUT port is ready only between commands, so a table never changes u
 
 Misuse: a command with ``rows`` or ``cols`` of 0, ``cols`` > ``max_cols``, or an ``ffn_slice``
 with ``rows`` > ``max_inter`` is dropped (no output) and sets the sticky ``error`` output.
+
+The contract, timing and figures: docs/blocks/ndp.md.
 """
 
 import dataclasses
 import math
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import data, stream
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
 from golden import ndp as golden
-from hw.params import int_param, validate
+from hw.params import ConfiguredComponent, int_param, validate
 from hw.pipeline import saturate
 from hw.registry import Block, register
 
@@ -106,23 +108,27 @@ def _requant(m, value, shift, width, name):
     return out
 
 
-class NdpCore(wiring.Component):
+class NdpCore(ConfiguredComponent):
     """``ndp_core``: command, x, weight and LUT streams in; the result stream ``y`` out.
 
-    Ports
-    -----
-    cmd : stream of :func:`command_layout`
-    x : stream of ``{x: M signed x_width}``
-    w : stream of ``{w: M signed w_width}``
-    lut : stream of ``{index, value}`` (ready only between commands)
-    y : stream of ``{data: signed acc_width, last}`` (``last`` on a command's final output)
-    busy, error : 1 bit (error is sticky until reset)
+    Members
+    -------
+    cmd : In(stream.Signature(command_layout()))
+    x : In(stream.Signature({x: M signed x_width}))
+    w : In(stream.Signature({w: M signed w_width}))
+    lut : In(stream.Signature({index, value}))
+        Ready only between commands.
+    y : Out(stream.Signature({data: signed acc_width, last}))
+        ``last`` on a command's final output.
+    busy : Out(1)
+    error : Out(1)
+        Sticky until reset.
     """
 
     def __init__(self, config):
-        self._cfg = cfg = config
+        cfg = config
         M = cfg.mults
-        super().__init__({
+        super().__init__(config, {
             "cmd": In(stream.Signature(command_layout())),
             "x": In(stream.Signature(data.StructLayout(
                 {"x": data.ArrayLayout(signed(cfg.x_width), M)}))),
@@ -136,12 +142,8 @@ class NdpCore(wiring.Component):
             "error": Out(1),
         })
 
-    @property
-    def config(self):
-        return self._cfg
-
     def elaborate(self, platform):
-        cfg = self._cfg
+        cfg = self.config
         M, xw = cfg.mults, cfg.x_width
         m = Module()
 
@@ -371,17 +373,8 @@ register(Block(
     summary="NDP-DIMM core: int GEMV and tensor-parallel expert-FFN slices with LUT activation",
     demo_configs=({"max_cols": 256, "max_inter": 128},),
     area_unit="multiplier", area_units=lambda cfg: cfg.mults,
-    demo_report=lambda measured: _schedule_report(),
+    legend=("MAC utilization (useful MACs / M per cycle) of a gemv with an ideal weight stream "
+            "and fed by the DDR4-3200 model; a 4-DIMM tensor-parallel Qwen3 expert scaled to "
+            "the buffers (slice cycles, partial sums checked against the whole expert); one "
+            "DIMM's slice (N = 4) of each Table II expert, scaled, in cycles"),
 ))
-
-
-def _schedule_report():
-    from flows import ndp_schedule       # imported late: the flow needs matplotlib
-    from flows.toolchain import BUILD_ROOT
-    rows = ndp_schedule.run()
-    out = BUILD_ROOT / "demo"
-    out.mkdir(parents=True, exist_ok=True)
-    plot = ndp_schedule.plot(rows, out / "ndp_schedule.png")
-    ndp_schedule.write_json(rows, out / "ndp_schedule.json")
-    return ("NDP schedule model (moegen schedule): one MoE layer, speedup over MoNDE\n"
-            + ndp_schedule.format_table(rows) + f"\nplot: {plot}")

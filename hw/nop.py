@@ -3,7 +3,7 @@
 Source: Mozart's 2.5D NoP-tree (seed 000 §3.3, §4.4: the attention chiplet at the root dispatches
 tokens, expert chiplets are the leaves, switches aggregate the MoE outputs in the network) and
 DeepSeek-V3's hardware lesson that dispatch is a multicast and combine a reduction, both best done
-in the network (seed 003 §6.5). The contract is in the README ("NoP tree").
+in the network (seed 003 §6.5). The contract is in docs/blocks/nop.md.
 
 A switch has one parent side and F child sides, each a pair of streams: ``down`` (dispatch,
 towards the leaves) and ``up`` (combine, towards the root).
@@ -28,10 +28,9 @@ from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import ceil_log2
 
 from golden import nop as golden
-from hw.params import ParamError, int_list_param, int_param, validate
+from hw.params import ConfiguredComponent, int_list_param, int_param, param_error, validate
 from hw.registry import Block, register
 
 __all__ = ["FlitParams", "NopConfig", "NopSwitchConfig", "NopSwitch", "NopTree", "down_layout",
@@ -43,8 +42,8 @@ MAX_LEAVES = 64
 def _check_leaves(fanouts):
     leaves = math.prod(fanouts)
     if leaves > MAX_LEAVES:
-        raise ParamError(f"parameter 'fanouts': got {','.join(map(str, fanouts))}; allowed: a "
-                         f"product of at most {MAX_LEAVES} leaves (got {leaves})")
+        raise param_error("fanouts", fanouts,
+                          f"a product of at most {MAX_LEAVES} leaves (got {leaves})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,7 +175,7 @@ def _round_robin_pick(m, requests, pointer, name):
     return pick, requests.any()
 
 
-class NopSwitch(wiring.Component):
+class NopSwitch(ConfiguredComponent):
     """One NoP switch over children ``base + i*span ... base + (i+1)*span - 1`` (leaf indices).
 
     Parameters
@@ -188,23 +187,22 @@ class NopSwitch(wiring.Component):
     base, span : int
         First leaf of this switch's subtree and leaves per child subtree.
 
-    Attributes
-    ----------
+    Members
+    -------
     down_in : In(stream)  ; up_out : Out(stream)
         Parent side.
     down_out : Out(stream) array of F ; up_in : In(stream) array of F
         Child sides (``up_in`` is always ready).
     error : Out(1)
-        Sticky protocol error (see the README): a dispatch with no destination in this subtree,
+        Sticky protocol error (docs/blocks/nop.md): a dispatch with no destination in this subtree,
         a return for a token not owed by that child, a return longer than ``max_flits`` or of a
         different length than the dispatched packet.
     """
 
     def __init__(self, config, fanout=None, base=0, span=1):
-        self.config = config
         self.fanout = fanout or config.fanouts[0]
         self.base, self.span = base, span
-        super().__init__(_ports(config, self.fanout))
+        super().__init__(config, _ports(config, self.fanout))
 
     def elaborate(self, platform):
         m = Module()
@@ -355,7 +353,7 @@ class NopSwitch(wiring.Component):
         return m
 
 
-class NopTree(wiring.Component):
+class NopTree(ConfiguredComponent):
     """Switches composed by ``config.fanouts``: root dispatch in / combine out, one stream pair per
     leaf, and ``down_link_fire``/``up_link_fire`` taps (one bit per switch-to-switch link, high in
     a cycle that link transfers a flit) for link-traffic monitors.
@@ -365,13 +363,12 @@ class NopTree(wiring.Component):
     """
 
     def __init__(self, config):
-        self.config = config
         self.internal_links = sum(math.prod(config.fanouts[:level + 1])
                                   for level in range(len(config.fanouts) - 1))
         ports = _ports(config, config.leaves)
         ports["down_link_fire"] = Out(max(1, self.internal_links))
         ports["up_link_fire"] = Out(max(1, self.internal_links))
-        super().__init__(ports)
+        super().__init__(config, ports)
 
     def elaborate(self, platform):
         m = Module()
@@ -419,12 +416,20 @@ register(Block(
     name="nop_switch", family="nop", config=NopSwitchConfig, build=NopSwitch, figures=_figures,
     summary="NoP switch: dedup multicast dispatch, in-network combine of 2..16 children (Mozart)",
     demo_configs=({"fanout": 4},),
+    legend=("flits per cycle per link (burst root/leaf/combine, continuous root), hop latency, r = "
+            "leaf copies per token of a synthetic top-2 trace, round-robin vs clustered "
+            "placement, root-link flits per token forwarding every expert / every leaf / "
+            "in-network combine"),
     area_unit="port", area_units=lambda cfg: cfg.fanout + 1,
 ))
 register(Block(
     name="nop_tree", family="nop", config=NopConfig, build=NopTree, figures=_figures,
     summary="NoP tree of switches by fanouts: root dispatch/combine, one stream pair per leaf",
     demo_configs=({"fanouts": (4, 4)},),
+    legend=("flits per cycle per link (burst root/leaf/combine, continuous root), hop latency, r = "
+            "leaf copies per token of a synthetic top-2 trace, round-robin vs clustered "
+            "placement, root-link flits per token forwarding every expert / every leaf / "
+            "in-network combine"),
     area_unit="switch", area_units=lambda cfg: sum(math.prod(cfg.fanouts[:level])
                                                    for level in range(len(cfg.fanouts))),
 ))

@@ -5,13 +5,18 @@ Every block's constructor takes one frozen dataclass built from :func:`int_param
 :func:`validate`) and raises :class:`ParamError`, a :class:`ValueError` whose message is one line
 naming the parameter, the value given and what is allowed. The same field metadata drives
 ``moegen list`` and the parsing of ``-p key=value`` on the command line, so a range is written
-exactly once.
+exactly once. Rules between fields (``k <= experts``) raise through :func:`param_error`, so
+every message has the same form.
+
+:class:`ConfiguredComponent` is how every block holds its config: ``self.config``, read-only.
 """
 
 import dataclasses
 
+from amaranth.lib import wiring
+
 __all__ = ["ParamError", "int_param", "choice_param", "int_list_param", "validate", "describe",
-           "parse_params", "format_value"]
+           "parse_params", "format_value", "param_error", "ConfiguredComponent"]
 
 
 def format_value(value):
@@ -21,6 +26,32 @@ def format_value(value):
 
 class ParamError(ValueError):
     """A parameter value is not allowed. ``str(err)`` is the one-line message for the user."""
+
+
+def param_error(name, value, allowed):
+    """The :class:`ParamError` for parameter ``name`` given ``value`` where ``allowed`` holds
+    (a rule that involves other fields: ``allowed`` names them and their values)."""
+    return ParamError(f"parameter '{name}': got {format_value(value)}; allowed: {allowed}")
+
+
+class ConfiguredComponent(wiring.Component):
+    """A block's component: built from one frozen config, exposed read-only as ``config``.
+
+    Parameters
+    ----------
+    config : frozen dataclass
+        The block's validated config.
+    members : dict or wiring.Signature
+        The block's ports.
+    """
+
+    def __init__(self, config, members):
+        self._config = config
+        super().__init__(members)
+
+    @property
+    def config(self):
+        return self._config
 
 
 def int_param(default, lo, hi, doc, *, check=None, check_doc=None):

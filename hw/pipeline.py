@@ -1,12 +1,19 @@
-"""Helpers shared by pipelined blocks: stall-able registers and lane layouts."""
+"""Helpers shared by pipelined blocks: stall-able registers, the output queue, lane layouts."""
 
 import functools
 import operator
 
 from amaranth.hdl import Mux, Signal, signed
 from amaranth.lib import data
+from amaranth.lib.fifo import SyncFIFO
 
-__all__ = ["StallPipe", "lanes_layout", "saturate", "select"]
+from golden.fixed import signed_limits
+
+__all__ = ["StallPipe", "OutputQueue", "OUT_FIFO_DEPTH", "lanes_layout", "saturate", "select"]
+
+# Depth of an output queue. Two entries suffice for full throughput: a pipeline writes at most
+# one beat per cycle and a ready consumer reads one per cycle, so the level never exceeds one.
+OUT_FIFO_DEPTH = 2
 
 
 def lanes_layout(count, width, *, is_signed=True):
@@ -20,7 +27,7 @@ def lanes_layout(count, width, *, is_signed=True):
 
 def saturate(value, width):
     """``value`` clamped to the signed ``width``-bit range (an expression)."""
-    low, high = -(1 << (width - 1)), (1 << (width - 1)) - 1
+    low, high = signed_limits(width)
     return Mux(value > high, high, Mux(value < low, low, value))
 
 
@@ -71,3 +78,50 @@ class StallPipe:
         """Emit every collected update into ``m`` under the enable."""
         with m.If(self.enable):
             m.d.sync += self._updates
+
+
+class OutputQueue:
+    """An output stream served from a small FIFO that a stall-able pipeline writes.
+
+    The FIFO decouples the stream's ``ready`` from the pipeline: ``valid`` is the FIFO's
+    ``r_rdy`` (never a function of ``ready``), and the pipeline moves only while the FIFO has a
+    free slot (:meth:`stall_pipe`), so a consumer that stalls long enough freezes the pipeline
+    with nothing in flight lost. Built with amaranth.lib.fifo.SyncFIFO.
+
+    Parameters
+    ----------
+    m : Module
+        The module the FIFO is added to (submodule ``name``).
+    port : stream interface
+        The block's output stream (``Out(stream.Signature(...))``).
+    depth : int
+        FIFO entries.
+    name : str
+        Submodule name.
+
+    Members
+    -------
+    fifo : SyncFIFO
+    space : Value
+        A beat can be written this cycle (the FIFO's ``w_rdy``).
+    level : Value
+        Beats held (the FIFO's ``w_level``).
+    """
+
+    def __init__(self, m, port, *, depth=OUT_FIFO_DEPTH, name="out_fifo"):
+        self.fifo = SyncFIFO(width=len(port.payload.as_value()), depth=depth)
+        m.submodules[name] = self.fifo
+        self._port = port
+        self.space = self.fifo.w_rdy
+        self.level = self.fifo.w_level
+
+    def stall_pipe(self, enable=None):
+        """The pipeline feeding the queue: it advances on ``enable`` (by default: a free slot)."""
+        return StallPipe(self.space if enable is None else enable)
+
+    def push(self, m, valid, payload):
+        """Write ``payload`` (bits) in the cycles where ``valid`` is high, and serve the port."""
+        port, fifo = self._port, self.fifo
+        m.d.comb += [fifo.w_en.eq(valid), fifo.w_data.eq(payload),
+                     port.valid.eq(fifo.r_rdy), port.payload.eq(fifo.r_data),
+                     fifo.r_en.eq(port.ready)]

@@ -3,7 +3,7 @@
 Source: SambaNova SN40L's Pattern Memory Unit (seed 001 §III-A, §IV-B, §VII): scratchpad banks,
 independent read and write address pipelines, predication by a programmable valid range,
 programmable bank bits, and the diagonally striped layout that reads a tensor at full bandwidth
-in both regular and transposed order. The contract is in the README ("PMU").
+in both regular and transposed order. The contract is in docs/blocks/pmu.md.
 
 Each port owns an :class:`AddressGenerator`: a 2-entry job queue, L nested loops, V lane addresses
 and their bank, offset and validity, and the *rank* of every lane among the valid lanes of the
@@ -23,7 +23,8 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2, exact_log2
 
 from golden import pmu as golden
-from hw.params import ParamError, int_param, validate
+from hw.params import ConfiguredComponent, int_param, param_error, validate
+from hw.pipeline import OutputQueue
 from hw.registry import Block, register
 
 __all__ = ["PMUConfig", "PMU", "AddressGenerator", "job_layout"]
@@ -73,11 +74,11 @@ class PMUConfig:
     def __post_init__(self):
         validate(self)
         if self.lanes > self.banks:
-            raise ParamError(f"parameter 'lanes': got {self.lanes}; allowed: an integer in "
-                             f"1..banks ({self.banks})")
+            raise param_error("lanes", self.lanes, f"an integer in 1..banks ({self.banks})")
         if self.addr_width < self.capacity_bits:
-            raise ParamError(f"parameter 'addr_width': got {self.addr_width}; allowed: an "
-                             f"integer in {self.capacity_bits}..32 (log2(banks*bank_depth) and up)")
+            raise param_error("addr_width", self.addr_width,
+                              f"an integer in {self.capacity_bits}..32 "
+                              "(log2(banks*bank_depth) and up)")
 
     @property
     def bank_bits(self):
@@ -134,7 +135,7 @@ def _remove_bit(value, position):
     return (value & low_mask) | ((value >> 1) & ~low_mask)
 
 
-class AddressGenerator(wiring.Component):
+class AddressGenerator(ConfiguredComponent):
     """One port's address pipeline: job queue, nested loops, lane decode and bank ranks.
 
     A job descriptor taken on ``job`` waits in a 2-entry queue and is latched when the port is
@@ -165,10 +166,9 @@ class AddressGenerator(wiring.Component):
     """
 
     def __init__(self, config):
-        self._config = config
         V = config.lanes
         self._rank_bits = max(1, ceil_log2(V))
-        super().__init__({
+        super().__init__(config, {
             "job": In(stream.Signature(job_layout(config))),
             "advance": In(1),
             "other_busy": In(1),
@@ -185,7 +185,7 @@ class AddressGenerator(wiring.Component):
         })
 
     def elaborate(self, platform):
-        cfg = self._config
+        cfg = self.config
         A, L, V, b, CB = cfg.addr_width, cfg.loops, cfg.lanes, cfg.bank_bits, cfg.capacity_bits
         layout = job_layout(cfg)
         m = Module()
@@ -274,12 +274,24 @@ class AddressGenerator(wiring.Component):
         return m
 
 
-class PMU(wiring.Component):
+class PMU(ConfiguredComponent):
     """Banked scratchpad with concurrent write and read address generators (block ``pmu``).
 
-    Ports: ``wjob``/``rjob`` take job descriptors (:func:`job_layout`) for the write and read
-    port; ``w`` takes one V-lane vector per write access (:func:`write_layout`, ``last`` on the
-    job's final access), ``r`` gives one per read access (:func:`read_layout`). Lanes that are
+    Members
+    -------
+    wjob, rjob : In(stream.Signature(job_layout(config)))
+        Job descriptors of the write and the read port.
+    w : In(stream.Signature(write_layout(config)))
+        One V-lane vector per write access, ``last`` on the job's final access.
+    r : Out(stream.Signature(read_layout(config)))
+        One V-lane vector per read access.
+    w_busy, r_busy : Out(1)
+    w_conflict_cycles, r_conflict_cycles : Out(32)
+        Extra cycles spent on bank conflicts (wrap).
+    error : Out(1)
+        Sticky until reset.
+
+    Lanes that are
     predicated off or outside the scratchpad are not written, and read back as zero with their
     ``valid`` flag low. An access whose valid lanes fall at most once in every bank takes one
     cycle; otherwise it takes as many cycles as the largest number of its valid lanes in one
@@ -294,8 +306,7 @@ class PMU(wiring.Component):
     """
 
     def __init__(self, config):
-        self._config = config
-        super().__init__({
+        super().__init__(config, {
             "wjob": In(stream.Signature(job_layout(config))),
             "rjob": In(stream.Signature(job_layout(config))),
             "w": In(stream.Signature(write_layout(config))),
@@ -307,12 +318,8 @@ class PMU(wiring.Component):
             "error": Out(1),
         })
 
-    @property
-    def config(self):
-        return self._config
-
     def elaborate(self, platform):
-        cfg = self._config
+        cfg = self.config
         V = cfg.lanes
         m = Module()
         wag = m.submodules.write_agen = AddressGenerator(cfg)
@@ -357,13 +364,12 @@ class PMU(wiring.Component):
                          write_port.data.eq(one_hot_pick(selects, list(self.w.payload.data)))]
 
         # Read port: issue one rank per cycle; data returns a cycle later and is gathered.
-        fifo = m.submodules.read_fifo = SyncFIFO(width=read_layout(cfg).size,
-                                                 depth=READ_FIFO_DEPTH)
+        queue = OutputQueue(m, self.r, depth=READ_FIFO_DEPTH, name="read_fifo")
         r_step = Signal.like(rag.lane_rank[0], name="r_step")
         r_final = r_step == rag.cost - 1
         pushing = Signal()              # the access issued last cycle completes now
         issuing = Signal()
-        m.d.comb += [issuing.eq(rag.busy & (fifo.w_level + pushing < READ_FIFO_DEPTH)),
+        m.d.comb += [issuing.eq(rag.busy & (queue.level + pushing < READ_FIFO_DEPTH)),
                      rag.advance.eq(issuing & r_final)]
         with m.If(issuing):
             m.d.sync += r_step.eq(Mux(r_final, 0, r_step + 1))
@@ -388,10 +394,8 @@ class PMU(wiring.Component):
         for v in range(V):
             m.d.sync += gathered[v].eq(Mux(pushing, 0, merged[v]))
         result = Signal(read_layout(cfg))
-        m.d.comb += [result.valid.eq(access_valid), result.last.eq(access_last),
-                     fifo.w_data.eq(result.as_value()), fifo.w_en.eq(pushing),
-                     self.r.valid.eq(fifo.r_rdy), self.r.payload.eq(fifo.r_data),
-                     fifo.r_en.eq(self.r.ready)]
+        m.d.comb += [result.valid.eq(access_valid), result.last.eq(access_last)]
+        queue.push(m, pushing, result.as_value())
         m.d.comb += [result.data[v].eq(merged[v]) for v in range(V)]
         return m
 
@@ -403,4 +407,5 @@ register(Block(
              "(SN40L PMU)"),
     demo_configs=({"banks": 8, "bank_depth": 64, "elem_width": 16, "lanes": 8, "loops": 3},),
     area_unit="bank", area_units=lambda cfg: cfg.banks,
+    legend="read accesses per cycle, pattern/mapping",
 ))

@@ -1,19 +1,18 @@
 """The one place blocks register themselves.
 
-A block family module in ``hw/`` calls :func:`register` once per block. The CLI, the flows, the
-benchmarks and the test runner find blocks here and nowhere else.
+A block family module ``hw/<family>.py`` calls :func:`register` once per block. Families are
+found by discovery: every module of the ``hw`` package is imported on first use, and those that
+register blocks are the families (helper modules such as :mod:`hw.pipeline` register none). The
+CLI, the flows, the benchmarks and the test runner find blocks here and nowhere else, so adding a
+family touches only its own files (``hw``, ``golden``, ``tb``, ``tests``, ``docs/blocks``).
 """
 
 import dataclasses
 import importlib
+import pkgutil
 from typing import Callable
 
-__all__ = ["Block", "register", "get_block", "all_blocks", "UnknownBlock"]
-
-# Families are imported lazily so that `import hw.registry` stays cheap; adding a family means
-# adding its module name here and calling `register` inside it.
-FAMILIES = ("systolic", "pmu", "nop", "router", "ndp", "spiking", "spiking_expert",
-            "spiking_router", "spiking_moe", "spiking_attention")
+__all__ = ["Block", "register", "get_block", "all_blocks", "families", "UnknownBlock"]
 
 _BLOCKS = {}
 
@@ -46,13 +45,13 @@ class Block:
         What ``make bench`` divides the cell count by ("PE", "bank", ...).
     area_units : callable
         ``area_units(config) -> int``, how many of them the configuration has.
+    legend : str
+        What the figures its ``test_throughput`` measures mean (printed under the demo table).
     tiers : callable, optional
         ``tiers(config) -> (top component, bottom component)`` for the two-tier 3D build
         (:mod:`flows.threed`); None when the block has no tier partition.
-    demo_report : callable, optional
-        ``demo_report(measured) -> str``, printed after the ``make demo`` table (a family's
-        model results, e.g. the NDP schedule table); ``measured`` is what the first demo
-        configuration's ``test_throughput`` wrote (None if it did not run).
+    tier_contents : tuple of str, optional
+        What the top and the bottom tier hold, for the 3D reports.
     synth_flatten : bool
         Flatten before the generic synthesis (the default). False maps each module on its
         own: Yosys 0.70's ABC (yowasp) exits without a word on flattened netlists holding several
@@ -68,8 +67,9 @@ class Block:
     demo_configs: tuple = ({},)
     area_unit: str = "block"
     area_units: Callable = lambda config: 1
+    legend: str = ""
     tiers: Callable = None
-    demo_report: Callable = None
+    tier_contents: tuple = ("", "")
     synth_flatten: bool = True
 
     @property
@@ -85,9 +85,24 @@ def register(block):
     return block
 
 
+_loaded = False
+
+
 def _load_all():
-    for family in FAMILIES:
-        importlib.import_module(f"hw.{family}")
+    global _loaded
+    if _loaded:
+        return
+    import hw
+    for module in pkgutil.iter_modules(hw.__path__):
+        if module.name != "registry":
+            importlib.import_module(f"hw.{module.name}")
+    _loaded = True
+
+
+def families():
+    """Names of the families (``hw`` modules that register blocks), in registration order."""
+    _load_all()
+    return list(dict.fromkeys(block.family for block in _BLOCKS.values()))
 
 
 def all_blocks():

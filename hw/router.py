@@ -3,7 +3,7 @@
 Source: DeepSeek-V3 node-limited routing (seed 003 §4.3: each token goes to at most M nodes,
 chosen by the sum of the highest affinity scores of the experts on each node) feeding Mozart's
 NoP-tree dispatch (seed 000 §3.3), whose destination mask this block produces. The rule, with
-its tie-breaking, is in :mod:`golden.router` and the README ("topk_router").
+its tie-breaking, is in :mod:`golden.router` and docs/blocks/router.md.
 
 A fixed-latency pipeline moving on one enable (output register free or taken), one token per
 cycle:
@@ -20,12 +20,12 @@ cycle:
 import dataclasses
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import data, stream
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from golden import router as golden
-from hw.params import ParamError, int_param, validate
+from hw.params import ConfiguredComponent, int_param, param_error, validate
 from hw.registry import Block, register
 
 __all__ = ["RouterConfig", "TopKRouter"]
@@ -68,17 +68,15 @@ class RouterConfig:
     def __post_init__(self):
         validate(self)
         if self.k > self.experts:
-            raise ParamError(f"parameter 'k': got {self.k}; allowed: an integer in "
-                             f"1..experts ({self.experts})")
+            raise param_error("k", self.k, f"an integer in 1..experts ({self.experts})")
         if self.experts % self.groups:
-            raise ParamError(f"parameter 'groups': got {self.groups}; allowed: a divisor of "
-                             f"experts ({self.experts})")
+            raise param_error("groups", self.groups, f"a divisor of experts ({self.experts})")
         if self.topk_groups > self.groups:
-            raise ParamError(f"parameter 'topk_groups': got {self.topk_groups}; allowed: an "
-                             f"integer in 1..groups ({self.groups})")
+            raise param_error("topk_groups", self.topk_groups,
+                              f"an integer in 1..groups ({self.groups})")
         if self.groups > 1 and self.k > self.topk_groups * self.group_size:
-            raise ParamError(f"parameter 'k': got {self.k}; allowed: an integer in 1.."
-                             f"topk_groups*experts/groups ({self.topk_groups * self.group_size})")
+            raise param_error("k", self.k, "an integer in 1..topk_groups*experts/groups "
+                              f"({self.topk_groups * self.group_size})")
 
     @property
     def group_size(self):
@@ -134,11 +132,11 @@ def _argmax(m, values, eligible, name):
     return nodes[0]
 
 
-class TopKRouter(wiring.Component):
+class TopKRouter(ConfiguredComponent):
     """The ``topk_router`` block.
 
-    Attributes
-    ----------
+    Members
+    -------
     scores : In(stream)
         ``token`` and E unsigned ``score`` lanes (expert e in lane e).
     table : In(stream)
@@ -149,8 +147,7 @@ class TopKRouter(wiring.Component):
     """
 
     def __init__(self, config):
-        self.config = config
-        super().__init__({
+        super().__init__(config, {
             "scores": In(stream.Signature(scores_layout(config))),
             "table": In(stream.Signature(table_layout(config))),
             "route": Out(stream.Signature(route_layout(config))),
@@ -271,5 +268,6 @@ register(Block(
     figures=lambda cfg: {"latency_cycles": cfg.latency, "tokens_per_cycle": 1},
     summary="top-K expert router with node (group) limit and expert->leaf mask table",
     demo_configs=({},),
+    legend="routes per cycle, latency, r of a top-k trace routed by the RTL",
     area_unit="expert", area_units=lambda cfg: cfg.experts,
 ))

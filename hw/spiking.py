@@ -3,7 +3,7 @@
 Source: seed 004 §II-A, equations (1)-(2) (V[t] = V[t-1] + X[t] - Vleak; spike and reset to 0
 when V[t] > Vth), §III-B (the spike generators on the top tier keep the membrane potentials and
 emit output spikes). The order of leak, integrate, compare and reset, the widths and the
-saturation are in :mod:`golden.spiking` and the README ("LIF contract").
+saturation are in :mod:`golden.spiking` and docs/blocks/spiking.md.
 
 N neurons step together: one input beat (N synaptic inputs) is one timestep, taken every cycle
 the output register is free or being emptied; the step's spikes and potentials leave one edge
@@ -14,11 +14,11 @@ edge e applies to input beats taken after e.
 import dataclasses
 
 from amaranth.hdl import Module, Mux, Signal, signed
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import data, stream
 from amaranth.lib.wiring import In, Out
 
 from golden import spiking as golden
-from hw.params import int_param, validate
+from hw.params import ConfiguredComponent, int_param, validate
 from hw.pipeline import saturate
 from hw.registry import Block, register
 
@@ -46,14 +46,22 @@ class LifConfig:
         validate(self)
 
 
-class Lif(wiring.Component):
-    """``lif``: ``x`` {x[N], last} and ``params`` {vth, vleak} in, ``s`` {spikes, v[N], last} out.
+class Lif(ConfiguredComponent):
+    """``lif``: N leaky integrate-and-fire neurons stepping together (docs/blocks/spiking.md).
+
+    Members
+    -------
+    x : In(stream.Signature({x: N signed x_width, last}))
+        One timestep's synaptic inputs; ``last`` ends a sample (V returns to 0 after it).
+    params : In(stream.Signature({vth, vleak: signed v_width}))
+        Threshold and leak, applied from the edge after the write.
+    s : Out(stream.Signature({spikes: N bits, v: N signed v_width, last}))
     """
 
     def __init__(self, config):
-        self._cfg = cfg = config
+        cfg = config
         N = cfg.neurons
-        super().__init__({
+        super().__init__(config, {
             "x": In(stream.Signature(data.StructLayout({
                 "x": data.ArrayLayout(signed(cfg.x_width), N), "last": 1}))),
             "params": In(stream.Signature(data.StructLayout({
@@ -62,12 +70,8 @@ class Lif(wiring.Component):
                 "spikes": N, "v": data.ArrayLayout(signed(cfg.v_width), N), "last": 1}))),
         })
 
-    @property
-    def config(self):
-        return self._cfg
-
     def elaborate(self, platform):
-        cfg = self._cfg
+        cfg = self.config
         N, vw = cfg.neurons, cfg.v_width
         m = Module()
 
@@ -113,6 +117,7 @@ register(Block(
     figures=lambda cfg: {"latency_cycles": golden.LATENCY, "steps_per_cycle": 1},
     summary="N leaky integrate-and-fire neurons: strict threshold, reset to zero, saturating V",
     demo_configs=({},),
+    legend="timesteps per cycle, latency, spike rate of a random drive",
     area_unit="neuron", area_units=lambda cfg: cfg.neurons,
 ))
 

@@ -14,26 +14,22 @@ H attention cores, one per head, run in lockstep on one command; each is
 
 The heads' outputs leave concatenated in one beat per (timestep, feature). Q/K/V are split
 between the cores by bit position in the stream words (the dispatcher of Fig. 3(a)).
-Contract and formats: :mod:`golden.spiking_attention` and the README.
+Contract and formats: :mod:`golden.spiking_attention` and docs/blocks/spiking_attention.md.
 """
 
 import dataclasses
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
-from golden import spiking_attention as golden
-from hw.params import int_param, validate
-from hw.pipeline import StallPipe
+from hw.params import ConfiguredComponent, int_param, validate
+from hw.pipeline import OutputQueue
 from hw.registry import Block, register
 from hw.spiking import lif_neuron
-from hw.spiking_expert import (SisArray, TieredComponent, array_signature, tier_report,
-                                tile_feeder)
-from hw.systolic import OUT_FIFO_DEPTH
+from hw.spiking_base import SisArray, TieredComponent, array_signature, tile_feeder
 
 __all__ = ["SpikingAttentionConfig", "SpikingAttention", "AttentionArrays",
            "attention_command_layout"]
@@ -106,18 +102,17 @@ def attention_arrays_signature(config):
     return wiring.Signature(members)
 
 
-class AttentionArrays(wiring.Component):
+class AttentionArrays(ConfiguredComponent):
     """Bottom tier of ``spiking_attention``: per head the score and the A·V arrays."""
 
     def __init__(self, config):
-        self._cfg = config
-        super().__init__(attention_arrays_signature(config))
+        super().__init__(config, attention_arrays_signature(config))
 
     def elaborate(self, platform):
         m = Module()
-        for h in range(self._cfg.heads):
-            for kind, shape in (("score", self._cfg.score_array()),
-                                ("product", self._cfg.product_array())):
+        for h in range(self.config.heads):
+            for kind, shape in (("score", self.config.score_array()),
+                                ("product", self.config.product_array())):
                 m.submodules[f"{kind}{h}"] = array = SisArray(shape)
                 wiring.connect(m, wiring.flipped(getattr(self, f"{kind}{h}")), array)
         return m
@@ -126,11 +121,19 @@ class AttentionArrays(wiring.Component):
 class SpikingAttention(TieredComponent):
     """``spiking_attention``: Alg. 2 of seed 004 on H lockstep cores.
 
-    Ports: ``cmd`` (:func:`attention_command_layout`, taken when idle); ``qk`` {q, k: H x N
-    bits} per (timestep, feature); ``v`` {v: H x d bits} per (timestep, token), in the order
-    of :func:`golden.spiking_attention.attention_input_beats` (a V beat is taken when its A
-    column reaches the A·V array); ``out`` {spikes: H x N bits, timestep, feature, last};
-    ``busy``; sticky ``error`` (zero or too large sizes are dropped).
+    Members
+    -------
+    cmd : In(stream.Signature(attention_command_layout(config)))
+        Taken when idle.
+    qk : In(stream.Signature({q, k: H x N bits}))
+        One beat per (timestep, feature), in the order of
+        :func:`golden.spiking_attention.attention_input_beats`.
+    v : In(stream.Signature({v: H x d bits}))
+        One beat per (timestep, token); taken when its A column reaches the A·V array.
+    out : Out(stream.Signature({spikes: H x N bits, timestep, feature, last}))
+    busy : Out(1)
+    error : Out(1)
+        Sticky: a command with a zero or too large size was dropped.
     """
 
     def __init__(self, config, *, tier=None):
@@ -148,11 +151,10 @@ class SpikingAttention(TieredComponent):
         super().__init__(cfg, members, attention_arrays_signature(cfg), tier)
 
     def elaborate(self, platform):
-        cfg = self._cfg
+        cfg = self.config
         H, N, D, vw = cfg.heads, cfg.max_tokens, cfg.max_head_dim, cfg.v_width
         m = Module()
-        m.submodules.out_fifo = fifo = SyncFIFO(width=len(self.out.payload.as_value()),
-                                                depth=OUT_FIFO_DEPTH)
+        queue = OutputQueue(m, self.out)
 
         if self._tier == "top":
             scores = [getattr(self.bottom, f"score{h}") for h in range(H)]
@@ -182,9 +184,9 @@ class SpikingAttention(TieredComponent):
         needs_v = Signal()
         m.d.comb += needs_v.eq(scores[0].column_valid & (column < job.tokens))
         enable = Signal()
-        m.d.comb += [enable.eq(fifo.w_rdy & (~needs_v | self.v.valid)),
-                     self.v.ready.eq(fifo.w_rdy & needs_v)]
-        pipe = StallPipe(enable)
+        m.d.comb += [enable.eq(queue.space & (~needs_v | self.v.valid)),
+                     self.v.ready.eq(queue.space & needs_v)]
+        pipe = queue.stall_pipe(enable)
 
         # Score arrays: timesteps are the feeder's "row tiles" (one row and one column tile of
         # N keys each); tiles S = max(N, d) apart, so the A·V array, whose beats are the
@@ -248,9 +250,7 @@ class SpikingAttention(TieredComponent):
         m.d.comb += [row.spikes.eq(Cat(*spikes)), row.timestep.eq(step),
                      row.feature.eq(feature), row.last.eq(final)]
         out_row = pipe.reg(row.as_value(), "gen_out")
-        m.d.comb += [fifo.w_en.eq(out_valid & enable), fifo.w_data.eq(out_row),
-                     self.out.valid.eq(fifo.r_rdy), self.out.payload.eq(fifo.r_data),
-                     fifo.r_en.eq(self.out.ready)]
+        queue.push(m, out_valid & enable, out_row)
         pipe.emit(m)
         return m
 
@@ -264,7 +264,7 @@ register(Block(
     demo_configs=({"heads": 2, "max_tokens": 8, "max_head_dim": 8},),
     area_unit="head", area_units=lambda cfg: cfg.heads,
     tiers=lambda cfg: (SpikingAttention(cfg, tier="top"), AttentionArrays(cfg)),
-    demo_report=lambda measured: tier_report("spiking_attention", "generators, V memories, control",
-                                    "score and A.V arrays"),
+    legend="cycles per timestep, adds per cycle vs H x N x (N + d)",
+    tier_contents=("generators, V memories, control", "score and A.V arrays"),
     synth_flatten=False,
 ))

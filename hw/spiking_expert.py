@@ -8,26 +8,26 @@ when the spike is 1 and keeps the sum. Each tile's sums are read out column by c
 "3D-extractable" readout). Top tier: R LIF spike generators (:func:`hw.spiking.lif_neuron`)
 that keep one membrane potential per (token, neuron) across timesteps and emit the output
 spikes. D_in is streamed, D_out and the pairs are tiled (tile order in :mod:`golden.spiking`).
+
+The contract, timing and figures: docs/blocks/spiking_expert.md.
 """
 
 import dataclasses
 
-from amaranth.hdl import Cat, Module, Mux, Signal, Value, signed, unsigned
-from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFO
+from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
 from golden import spiking_expert as golden
 from hw.params import int_param, validate
-from hw.pipeline import StallPipe
+from hw.pipeline import OutputQueue
 from hw.registry import Block, register
 from hw.spiking import lif_neuron
-from hw.systolic import OUT_FIFO_DEPTH, os_grid
+from hw.spiking_base import SisArray, TieredComponent, array_signature, tile_feeder
 
-__all__ = ["SpikingExpertConfig", "SpikingExpert", "SisArray", "array_signature",
-           "expert_command_layout", "tile_counter", "tile_feeder", "tier_report", "TieredComponent"]
+__all__ = ["SpikingExpertConfig", "SpikingExpert", "expert_command_layout"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,95 +67,22 @@ def expert_command_layout(config):
         "vth": signed(config.v_width), "vleak": signed(config.v_width)})
 
 
-def array_signature(config):
-    """The bottom tier's ports: the pipeline enable, the beat flags, one beat of weights and
-    spikes in; one column of integrations out (the "3D-extractable" readout)."""
-    return wiring.Signature({
-        "enable": In(1), "valid": In(1), "first": In(1), "last": In(1),
-        # Flat bit vectors (lane i at [i*width, (i+1)*width)): with array-typed ports Amaranth
-        # names per-lane wires `values[0]`, which collide with the bit names ABC gives back
-        # when a tier is synthesized alone (a Yosys 0.70 assertion).
-        "w": In(config.w_width * config.rows),
-        "s": In(config.cols),
-        "column_valid": Out(1), "column_last": Out(1),
-        "values": Out(config.acc_width * config.rows),
-    })
-
-
-class SisArray(wiring.Component):
-    """Bottom tier: the synaptic-integration-stationary R x C array (:func:`os_grid` with a
-    spike-gated add and a column readout), all registers moving on ``enable``."""
-
-    def __init__(self, config):
-        self._cfg = config
-        super().__init__(array_signature(config))
-
-    def elaborate(self, platform):
-        cfg = self._cfg
-        m = Module()
-        pipe = StallPipe(self.enable)
-        ww = cfg.w_width
-        column_valid, column_last, values = os_grid(
-            m, pipe, cfg.rows, cfg.cols, cfg.acc_width,
-            [self.w[i * ww:(i + 1) * ww].as_signed() for i in range(cfg.rows)],
-            [self.s[j] for j in range(cfg.cols)],
-            self.valid, self.first, self.last, prefix="sis_",
-            product=lambda weight, spike: Mux(spike, weight, 0), readout="columns")
-        m.d.comb += [self.column_valid.eq(column_valid), self.column_last.eq(column_last),
-                     self.values.eq(Cat(*[v.as_unsigned()[:cfg.acc_width] for v in values]))]
-        pipe.emit(m)
-        return m
-
-
-class TieredComponent(wiring.Component):
-    """A block built whole (2D, ``tier=None``: its arrays are submodules) or as its top tier
-    alone (``tier="top"``: the arrays' ports become ports ``bottom__*``, for the 3D build).
-
-    Parameters
-    ----------
-    config
-        The block's config (``self.config``).
-    members : dict
-        The block's own ports.
-    bottom : wiring.Signature
-        The bottom tier's signature, as the bottom tier sees it.
-    tier : None or "top"
-    """
-
-    def __init__(self, config, members, bottom, tier=None):
-        self._cfg = config
-        self._tier = tier
-        if tier == "top":
-            members["bottom"] = In(bottom)                 # flipped: the top drives enable
-        super().__init__(members)
-
-    @property
-    def config(self):
-        return self._cfg
-
-    def feed_sis_array(self, m, pipe, take, first, last):
-        """The bottom tier of the expert and the router: one :class:`SisArray` fed from the
-        paired ``w``/``s`` streams (``self.bottom`` in a top-tier build, else a submodule
-        ``array``). Returns the array and its R column read-out values (signed)."""
-        if self._tier == "top":
-            array = self.bottom
-        else:
-            m.submodules.array = array = SisArray(self._cfg)
-        m.d.comb += [array.enable.eq(pipe.enable), array.valid.eq(take),
-                     array.first.eq(first), array.last.eq(last),
-                     array.w.eq(self.w.payload.w.as_value()), array.s.eq(self.s.payload.s)]
-        acc = self._cfg.acc_width
-        rows = len(array.values) // acc
-        return array, [array.values[i * acc:(i + 1) * acc].as_signed() for i in range(rows)]
-
-
 class SpikingExpert(TieredComponent):
     """``spiking_expert``: a synaptic-integration-stationary R x C array (bottom tier) and R
     LIF spike generators (top tier) fused: steps 2 + 3 + 4 of seed 004 Alg. 1.
 
-    Ports: ``cmd`` (:func:`expert_command_layout`, taken when idle); ``w`` {w[R]} and ``s``
-    {s: C bits}, paired beat by beat in the tile order of :mod:`golden.spiking`; ``out``
-    {spikes: R bits, token, timestep, tile, last}; ``busy``; sticky ``error``.
+    Members
+    -------
+    cmd : In(stream.Signature(expert_command_layout(config)))
+        Taken when idle.
+    w : In(stream.Signature({w: R signed w_width}))
+    s : In(stream.Signature({s: C bits}))
+        Paired with ``w`` beat by beat, in the tile order of
+        :func:`golden.spiking_expert.expert_input_beats`.
+    out : Out(stream.Signature({spikes: R bits, token, timestep, tile, last}))
+    busy : Out(1)
+    error : Out(1)
+        Sticky: a command with a zero or too large size was dropped.
     """
 
     def __init__(self, config, *, tier=None):
@@ -177,12 +104,11 @@ class SpikingExpert(TieredComponent):
         super().__init__(cfg, members, array_signature(cfg), tier)
 
     def elaborate(self, platform):
-        cfg = self._cfg
+        cfg = self.config
         R, C, vw = cfg.rows, cfg.cols, cfg.v_width
         m = Module()
-        m.submodules.out_fifo = fifo = SyncFIFO(width=len(self.out.payload.as_value()),
-                                                depth=OUT_FIFO_DEPTH)
-        pipe = StallPipe(fifo.w_rdy)
+        queue = OutputQueue(m, self.out)
+        pipe = queue.stall_pipe()
 
         # The job (latched command).
         job = Signal(expert_command_layout(cfg))
@@ -249,66 +175,9 @@ class SpikingExpert(TieredComponent):
         m.d.comb += [row.spikes.eq(Cat(*fires)), row.token.eq(token), row.timestep.eq(step),
                      row.tile.eq(tile), row.last.eq(final)]
         out_row = pipe.reg(row.as_value(), "gen_out")
-        m.d.comb += [fifo.w_en.eq(out_valid & pipe.enable), fifo.w_data.eq(out_row),
-                     self.out.valid.eq(fifo.r_rdy), self.out.payload.eq(fifo.r_data),
-                     fifo.r_en.eq(self.out.ready)]
+        queue.push(m, out_valid & pipe.enable, out_row)
         pipe.emit(m)
         return m
-
-
-def tile_counter(m, advance, reduce_len, columns, cols, rows_total, rows, name="tile"):
-    """Position in the beat order of :func:`golden.spiking_expert.expert_input_beats`: per row
-    tile (``rows`` of ``rows_total``), per column tile (``cols`` of ``columns``),
-    ``reduce_len`` beats. Moves on ``advance``; returns ``(d, col_tile, row_tile, done)``,
-    ``done`` (combinational) marking the job's last beat."""
-    # Sized by what they count to (d < reduce_len, tiles <= columns, rows_total): constant
-    # upper bits make Yosys 0.70 stop on "conflicting init values".
-    reduce_len, columns, rows_total = (Value.cast(v) for v in (reduce_len, columns, rows_total))
-    d = Signal(len(reduce_len), name=f"{name}_d")
-    col_tile = Signal(len(columns), name=f"{name}_col")
-    row_tile = Signal(len(rows_total), name=f"{name}_row")
-    done = Signal(name=f"{name}_done")
-    with m.If(advance):
-        with m.If(d != reduce_len - 1):
-            m.d.sync += d.eq(d + 1)
-        with m.Else():
-            m.d.sync += d.eq(0)
-            with m.If((col_tile + 1) * cols >= columns):
-                m.d.sync += [col_tile.eq(0), row_tile.eq(row_tile + 1)]
-                with m.If((row_tile + 1) * rows >= rows_total):
-                    m.d.sync += row_tile.eq(0)
-                    m.d.comb += done.eq(1)
-            with m.Else():
-                m.d.sync += col_tile.eq(col_tile + 1)
-    return d, col_tile, row_tile, done
-
-
-def tile_feeder(m, pipe, rows, cols, running, w, s, reduce_len, columns, rows_total,
-                spacing=None):
-    """Pair the ``w`` and ``s`` beats of a tiled job for a :class:`SisArray`.
-
-    Beats come in the order of :func:`golden.spiking_expert.expert_input_beats`: per row tile
-    (``rows`` of ``rows_total``), per column tile (``cols`` of ``columns``), ``reduce_len``
-    beats. A tile's columns leave every row on ``cols`` consecutive cycles, so a tile's last
-    beat waits until ``cols`` advancing cycles have passed since the previous one (never when
-    ``reduce_len >= cols``). A larger ``spacing`` than ``cols`` holds the tiles further apart
-    (for an array read out into a wider one). Returns ``(take, first, last, done)``: the beat
-    is taken, it is its tile's first / last, it is the job's last (all combinational).
-    """
-    spacing = cols if spacing is None else spacing
-    first, last, take = Signal(), Signal(), Signal()
-    d, _, _, done = tile_counter(m, take, reduce_len, columns, cols, rows_total, rows)
-    m.d.comb += [first.eq(d == 0), last.eq(d == reduce_len - 1)]
-    since_last = Signal(range(spacing + 1), init=spacing)
-    m.d.comb += [take.eq(pipe.enable & running & w.valid & s.valid &
-                         (~last | (since_last >= spacing))),
-                 w.ready.eq(take), s.ready.eq(take)]
-    with m.If(pipe.enable):
-        with m.If(take & last):
-            m.d.sync += since_last.eq(1)
-        with m.Elif(since_last < spacing):
-            m.d.sync += since_last.eq(since_last + 1)
-    return take, first, last, done
 
 
 register(Block(
@@ -318,24 +187,7 @@ register(Block(
     summary="spiking expert core: synaptic-integration-stationary array + LIF spike generators",
     demo_configs=({"rows": 8, "cols": 16},),
     area_unit="PE", area_units=lambda cfg: cfg.rows * cfg.cols,
+    legend="cycles of a 2 x 2-tile job, synaptic operations per cycle vs the R x C peak",
     tiers=lambda cfg: (SpikingExpert(cfg, tier="top"), SisArray(cfg)),
-    demo_report=lambda measured: tier_report(
-        "spiking_expert", "generators, V memory, control, FIFO", "the synaptic-integration array"),
+    tier_contents=("generators, V memory, control, FIFO", "the synaptic-integration array"),
 ))
-
-
-def tier_report(name, top_holds, bottom_holds):
-    """The ``make demo`` 2D/3D table of a two-tier block (its first demo configuration)."""
-    from flows.threed import synthesize_3d      # imported late: flows import the registry
-    from hw.registry import get_block
-    block = get_block(name)
-    params = block.demo_configs[0]
-    r = synthesize_3d(block, block.config(**params))
-    shown = " ".join(f"{key}={value}" for key, value in params.items()) or "(defaults)"
-    return "\n".join([
-        f"{name} {shown}, two-tier 3D build (moegen synth {name} --3d)",
-        f"  tier top (die 0: {top_holds}): {r['top']['cells']} cells",
-        f"  tier bottom (die 1: {bottom_holds}): {r['bottom']['cells']} cells",
-        f"  2D (one die): {r['2d']['cells']} cells; bonds {r['bonds']['down']} down, "
-        f"{r['bonds']['up']} up",
-        f"  footprint estimate (largest tier / 2D): {r['footprint_ratio']:.2f}"])

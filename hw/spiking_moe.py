@@ -18,6 +18,8 @@ One job is one tile of up to ``max_tokens`` tokens (the routing array's columns)
 
 Tiers (Fig. 2): the routing-score array and the E synaptic-integration arrays are the bottom
 tier (:class:`MoeArrays`); buffers, router logic, generators, dispatch and merge the top.
+
+The contract, timing and figures: docs/blocks/spiking_moe.md.
 """
 
 import dataclasses
@@ -30,12 +32,11 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
-from golden import spiking_moe as golden
-from hw.params import ParamError, int_param, validate
+from hw.params import ConfiguredComponent, int_param, param_error, validate
 from hw.pipeline import select
 from hw.registry import Block, register
-from hw.spiking_expert import (SisArray, SpikingExpert, SpikingExpertConfig, TieredComponent,
-                               array_signature, tier_report, tile_counter)
+from hw.spiking_base import SisArray, TieredComponent, array_signature, tile_counter
+from hw.spiking_expert import SpikingExpert, SpikingExpertConfig
 from hw.spiking_router import SpikingRouter, SpikingRouterConfig, route_layout
 
 __all__ = ["SpikingMoeConfig", "SpikingMoe", "MoeArrays", "moe_command_layout"]
@@ -76,10 +77,10 @@ class SpikingMoeConfig:
         validate(self)
         bits = self.row_tiles * self.max_tokens * self.max_timesteps * self.rows
         if bits > MAX_OUTPUT_BUFFER_BITS:
-            raise ParamError(
-                f"parameter 'max_d_out': got {self.max_d_out}; allowed: an output buffer of "
-                f"at most {MAX_OUTPUT_BUFFER_BITS} bits (ceil(max_d_out / rows) x max_tokens x "
-                f"max_timesteps x rows = {bits})")
+            raise param_error(
+                "max_d_out", self.max_d_out,
+                f"an output buffer of at most {MAX_OUTPUT_BUFFER_BITS} bits (ceil(max_d_out / "
+                f"rows) x max_tokens x max_timesteps x rows = {bits})")
 
     @property
     def row_tiles(self):
@@ -113,19 +114,18 @@ def moe_arrays_signature(config):
            for e in range(config.experts)}})
 
 
-class MoeArrays(wiring.Component):
+class MoeArrays(ConfiguredComponent):
     """Bottom tier of ``spiking_moe``: the routing-score array and the E expert arrays."""
 
     def __init__(self, config):
-        self._cfg = config
-        super().__init__(moe_arrays_signature(config))
+        super().__init__(config, moe_arrays_signature(config))
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.router = router = SisArray(self._cfg.router_config())
+        m.submodules.router = router = SisArray(self.config.router_config())
         wiring.connect(m, wiring.flipped(self.router), router)
-        for e in range(self._cfg.experts):
-            m.submodules[f"expert{e}"] = array = SisArray(self._cfg.expert_config())
+        for e in range(self.config.experts):
+            m.submodules[f"expert{e}"] = array = SisArray(self.config.expert_config())
             wiring.connect(m, wiring.flipped(getattr(self, f"expert{e}")), array)
         return m
 
@@ -133,11 +133,20 @@ class MoeArrays(wiring.Component):
 class SpikingMoe(TieredComponent):
     """``spiking_moe``: Alg. 1 of seed 004 (see the module docstring for the phases).
 
-    Ports: ``cmd`` (:func:`moe_command_layout`, taken when idle); ``act`` {s: max_tokens x
-    max_timesteps bits}, ``wr`` {w[E]}, ``w`` {w[R]} in the order of
-    :func:`golden.spiking_moe.moe_input_beats`; ``route`` (the router's routes, one per token);
-    ``out`` {spikes: R bits, token, timestep, tile, last}; ``busy``; sticky ``error`` (a
-    command with a zero or too large size, or K outside 1..E, is dropped).
+    Members
+    -------
+    cmd : In(stream.Signature(moe_command_layout(config)))
+        Taken when idle.
+    act : In(stream.Signature({s: max_tokens x max_timesteps bits}))
+    wr : In(stream.Signature({w: E signed w_width}))
+    w : In(stream.Signature({w: R signed w_width}))
+        ``act``, ``wr`` and ``w`` in the order of :func:`golden.spiking_moe.moe_input_beats`.
+    route : Out(stream.Signature(route_layout(router_config)))
+        The router's routes, one per token.
+    out : Out(stream.Signature({spikes: R bits, token, timestep, tile, last}))
+    busy : Out(1)
+    error : Out(1)
+        Sticky: a command with a zero or too large size, or K outside 1..E, was dropped.
     """
 
     def __init__(self, config, *, tier=None):
@@ -160,7 +169,7 @@ class SpikingMoe(TieredComponent):
         super().__init__(cfg, members, moe_arrays_signature(cfg), tier)
 
     def elaborate(self, platform):
-        cfg = self._cfg
+        cfg = self.config
         E, R, C = cfg.experts, cfg.rows, cfg.cols
         N, T, D = cfg.max_tokens, cfg.max_timesteps, cfg.max_d_in
         m = Module()
@@ -349,7 +358,7 @@ class SpikingMoe(TieredComponent):
     def _dispatch(self, m, e, core, job, count, token_list, dispatching, weights, act):
         """Feed core ``e``: per row tile, per column tile of its (token, timestep) pairs, per d:
         the local weights of (tile, d) and, for column k, the spike of pair ``col*C + k``."""
-        cfg = self._cfg
+        cfg = self.config
         C, T, D = cfg.cols, cfg.max_timesteps, cfg.max_d_in
         token_bits = bits_for(cfg.max_tokens)
         advance = Signal(name=f"dispatch{e}_advance")
@@ -399,27 +408,9 @@ register(Block(
     demo_configs=({},),
     area_unit="expert", area_units=lambda cfg: cfg.experts,
     tiers=lambda cfg: (SpikingMoe(cfg, tier="top"), MoeArrays(cfg)),
-    demo_report=lambda measured: _demo_report(measured),
+    legend="cycles of a full layer, synaptic operations per cycle vs E x R x C",
+    tier_contents=("router logic, generators, buffers, dispatch, merge",
+                   "routing-score and expert arrays"),
     synth_flatten=False,
 ))
 
-
-def _demo_report(measured):
-    cfg = SpikingMoeConfig()
-    lines = []
-    if measured:
-        figures = measured["metrics"]
-        lines += [
-            f"spiking_moe (defaults: {cfg.experts} experts of {cfg.rows} x {cfg.cols}, "
-            f"{cfg.max_tokens} tokens x {cfg.max_timesteps} timesteps, D_in {cfg.max_d_in}, "
-            f"D_out {cfg.max_d_out}), one full layer with K = 1 on Verilator, checked against "
-            "golden.spiking_moe:",
-            f"  routing histogram (tokens per expert): {measured['routing_histogram']}",
-            f"  spike rates: input {figures['input_spike_rate']}, output "
-            f"{figures['output_spike_rate']}",
-            f"  {figures['cycles']} cycles (every phase on the golden cycle model), "
-            f"{figures['synaptic_ops_per_cycle']} synaptic ops/cycle of "
-            f"{figures['peak_ops_per_cycle']} peak", ""]
-    lines.append(tier_report("spiking_moe", "router logic, generators, buffers, dispatch, "
-                             "merge", f"routing-score + {cfg.experts} expert arrays"))
-    return "\n".join(lines)

@@ -9,23 +9,22 @@ beats. The scores are extracted column by column (one token per cycle) to the to
 picks the K best experts (ties to the lower index) and emits the token's route. Dispatch of the
 spikes to the chosen experts' cores and the merge of their outputs (K = 1: the expert's output;
 K > 1: element-wise OR) sit with the activation buffers in ``spiking_moe``.
+
+The contract, timing and figures: docs/blocks/spiking_router.md.
 """
 
 import dataclasses
 
 from amaranth.hdl import Cat, Module, Signal, signed
 from amaranth.lib import data, stream
-from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
 from golden import spiking_router as golden
 from hw.params import int_param, validate
-from hw.pipeline import StallPipe
+from hw.pipeline import OutputQueue
 from hw.registry import Block, register
-from hw.spiking_expert import (SisArray, TieredComponent, array_signature, tier_report,
-                                tile_feeder)
-from hw.systolic import OUT_FIFO_DEPTH
+from hw.spiking_base import SisArray, TieredComponent, array_signature, tile_feeder
 
 __all__ = ["SpikingRouterConfig", "SpikingRouter", "router_command_layout", "route_layout",
            "top_k_mask"]
@@ -93,11 +92,19 @@ def top_k_mask(m, scores, k, name):
 class SpikingRouter(TieredComponent):
     """``spiking_router``: the routing-score array (bottom tier) and the top-K selection (top).
 
-    Ports: ``cmd`` (:func:`router_command_layout`, taken when idle); ``w`` {w[E]} and ``s``
-    {s: C bits}, paired beat by beat in the order of
-    :func:`golden.spiking_router.router_input_beats`; ``route`` (:func:`route_layout`), one
-    per token in token order; ``busy``; sticky ``error`` (a command with a zero size, too many
-    tokens or K outside 1..E is dropped).
+    Members
+    -------
+    cmd : In(stream.Signature(router_command_layout(config)))
+        Taken when idle.
+    w : In(stream.Signature({w: E signed w_width}))
+    s : In(stream.Signature({s: C bits}))
+        Paired with ``w`` beat by beat, in the order of
+        :func:`golden.spiking_router.router_input_beats`.
+    route : Out(stream.Signature(route_layout(config)))
+        One per token, in token order.
+    busy : Out(1)
+    error : Out(1)
+        Sticky: a command with a zero size, too many tokens or K outside 1..E was dropped.
     """
 
     def __init__(self, config, *, tier=None):
@@ -114,12 +121,11 @@ class SpikingRouter(TieredComponent):
         super().__init__(cfg, members, array_signature(cfg), tier)
 
     def elaborate(self, platform):
-        cfg = self._cfg
+        cfg = self.config
         E, C = cfg.experts, cfg.cols
         m = Module()
-        m.submodules.out_fifo = fifo = SyncFIFO(width=len(self.route.payload.as_value()),
-                                                depth=OUT_FIFO_DEPTH)
-        pipe = StallPipe(fifo.w_rdy)
+        queue = OutputQueue(m, self.route)
+        pipe = queue.stall_pipe()
 
         job = Signal(router_command_layout(cfg))
         reduce_len = Signal(24)                 # T x D_in beats per column tile
@@ -157,9 +163,7 @@ class SpikingRouter(TieredComponent):
                      route.last.eq(token == job.tokens - 1)]
         out_valid = pipe.reg(real, "route_valid")
         out_route = pipe.reg(route.as_value(), "route_out")
-        m.d.comb += [fifo.w_en.eq(out_valid & pipe.enable), fifo.w_data.eq(out_route),
-                     self.route.valid.eq(fifo.r_rdy), self.route.payload.eq(fifo.r_data),
-                     fifo.r_en.eq(self.route.ready)]
+        queue.push(m, out_valid & pipe.enable, out_route)
         pipe.emit(m)
         return m
 
@@ -173,6 +177,6 @@ register(Block(
     demo_configs=({"experts": 8, "cols": 16, "max_tokens": 32},),
     area_unit="PE", area_units=lambda cfg: cfg.experts * cfg.cols,
     tiers=lambda cfg: (SpikingRouter(cfg, tier="top"), SisArray(cfg)),
-    demo_report=lambda measured: tier_report("spiking_router", "top-K selection, control, FIFO",
-                                    "the routing-score array"),
+    legend="score additions per cycle vs E x C",
+    tier_contents=("top-K selection, control, FIFO", "the routing-score array"),
 ))

@@ -2,7 +2,7 @@
 
 Sources: SambaNova SN40L's PCU (an output-stationary systolic array fed left-to-right and
 top-to-bottom, results drained to output FIFOs) and Mozart's tiles of systolic arrays whose local
-adder tree sums partial results. The stream contracts are in the README ("Systolic contracts").
+adder tree sums partial results. The stream contracts are in docs/blocks/systolic.md.
 
 All three blocks share one structure: a free-running skewed PE grid whose every register moves on
 one enable, ``advance``. ``advance`` is the output FIFO's ``w_rdy``: when the consumer stalls long
@@ -15,22 +15,16 @@ import operator
 from functools import reduce
 
 from amaranth.hdl import Cat, Module, Mux, Signal, signed
-from amaranth.lib import stream, wiring
-from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib import stream
 from amaranth.lib.wiring import In, Out
 
 from golden import systolic as golden
-from hw.params import choice_param, int_param, validate
-from hw.pipeline import StallPipe, lanes_layout
+from hw.params import ConfiguredComponent, choice_param, int_param, validate
+from hw.pipeline import OutputQueue, lanes_layout
 from hw.registry import Block, register
 
 __all__ = ["os_grid", "SystolicConfig", "SystolicTileConfig", "OutputStationaryArray",
            "WeightStationaryArray", "SystolicTile"]
-
-# Depth of the output FIFO. Two entries suffice for full throughput: the array writes at most
-# one row per cycle and a ready consumer reads one per cycle, so the level never exceeds one.
-OUT_FIFO_DEPTH = 2
-
 
 @dataclasses.dataclass(frozen=True)
 class SystolicConfig:
@@ -85,7 +79,7 @@ class SystolicTileConfig:
         validate(self)
 
 
-class _ArrayComponent(wiring.Component):
+class _ArrayComponent(ConfiguredComponent):
     """Ports and output stage shared by the systolic blocks.
 
     Parameters
@@ -97,30 +91,23 @@ class _ArrayComponent(wiring.Component):
     """
 
     def __init__(self, config, inputs):
-        self._config = config
         members = {name: In(stream.Signature(lanes_layout(lanes, config.in_width)))
                    for name, lanes in inputs.items()}
         members["c"] = Out(stream.Signature(lanes_layout(config.cols, config.acc_width)))
         members["error"] = Out(1)
-        super().__init__(members)
-
-    @property
-    def config(self):
-        return self._config
+        super().__init__(config, members)
 
     def _output_stage(self, m):
-        """The output FIFO and the pipeline whose enable is the FIFO's ``w_rdy``."""
-        fifo = m.submodules.out_fifo = SyncFIFO(width=self.c.payload.shape().size,
-                                                depth=OUT_FIFO_DEPTH)
-        return fifo, StallPipe(fifo.w_rdy)
+        """The output queue on ``c`` and the pipeline that moves while it has a free slot."""
+        queue = OutputQueue(m, self.c)
+        return queue, queue.stall_pipe()
 
 
-def _drive_output(m, fifo, c, row_valid, row_last, row_data, advance):
-    """Write an aligned row into the output FIFO and present the FIFO head on stream ``c``."""
+def _drive_output(m, queue, c, row_valid, row_last, row_data, advance):
+    """Write an aligned row into the output queue of stream ``c``."""
     row = Signal(c.payload.shape())
-    m.d.comb += [row.last.eq(row_last), fifo.w_en.eq(row_valid & advance),
-                 fifo.w_data.eq(row.as_value()),
-                 c.valid.eq(fifo.r_rdy), c.payload.eq(fifo.r_data), fifo.r_en.eq(c.ready)]
+    m.d.comb += row.last.eq(row_last)
+    queue.push(m, row_valid & advance, row.as_value())
     m.d.comb += [row.data[j].eq(value) for j, value in enumerate(row_data)]
 
 
@@ -234,16 +221,16 @@ class OutputStationaryArray(_ArrayComponent):
         super().__init__(config, {"a": config.rows, "b": config.cols})
 
     def elaborate(self, platform):
-        cfg = self._config
+        cfg = self.config
         m = Module()
-        fifo, pipe = self._output_stage(m)
+        queue, pipe = self._output_stage(m)
         join = _OSJoin(m, pipe, self.a, self.b, self.error, cfg.rows)
         row_valid, row_last, row_values = os_grid(
             m, pipe, cfg.rows, cfg.cols, cfg.acc_width,
             [self.a.payload.data[i] for i in range(cfg.rows)],
             [self.b.payload.data[j] for j in range(cfg.cols)],
             join.take, join.first, join.last, prefix="")
-        _drive_output(m, fifo, self.c, row_valid, row_last, row_values, pipe.enable)
+        _drive_output(m, queue, self.c, row_valid, row_last, row_values, pipe.enable)
         pipe.emit(m)
         return m
 
@@ -263,10 +250,10 @@ class SystolicTile(_ArrayComponent):
                                   "b": config.arrays * config.cols})
 
     def elaborate(self, platform):
-        cfg = self._config
+        cfg = self.config
         R, C, n = cfg.rows, cfg.cols, cfg.arrays
         m = Module()
-        fifo, pipe = self._output_stage(m)
+        queue, pipe = self._output_stage(m)
         join = _OSJoin(m, pipe, self.a, self.b, self.error, R)
         partial_rows = []
         for s in range(n):
@@ -292,7 +279,7 @@ class SystolicTile(_ArrayComponent):
             partial_rows = summed
             flags = pipe.reg(flags, f"tree{level}_flags")
             level += 1
-        _drive_output(m, fifo, self.c, flags[0], flags[1], partial_rows[0], pipe.enable)
+        _drive_output(m, queue, self.c, flags[0], flags[1], partial_rows[0], pipe.enable)
         pipe.emit(m)
         return m
 
@@ -328,10 +315,10 @@ class WeightStationaryArray(_ArrayComponent):
         super().__init__(config, {"w": config.cols, "a": config.rows})
 
     def elaborate(self, platform):
-        cfg = self._config
+        cfg = self.config
         R, C = cfg.rows, cfg.cols
         m = Module()
-        fifo, pipe = self._output_stage(m)
+        queue, pipe = self._output_stage(m)
 
         # Bank bookkeeping: `load_bank` is filled by `w`, `use_bank` is read by `a`.
         bank_full = Signal(2)
@@ -392,7 +379,7 @@ class WeightStationaryArray(_ArrayComponent):
                     # Registered with psum (R-1, C-1): the flags of the row leaving the grid.
                     out_flags = pipe.reg(flags_in, f"f_{i}_{j}")
         row_values = [pipe.delay(psum_down[j], C - 1 - j, f"deskew{j}") for j in range(C)]
-        _drive_output(m, fifo, self.c, out_flags[0], out_flags[1], row_values, pipe.enable)
+        _drive_output(m, queue, self.c, out_flags[0], out_flags[1], row_values, pipe.enable)
         pipe.emit(m)
         return m
 
@@ -412,6 +399,7 @@ register(Block(
                   {"rows": 3, "cols": 5, "dataflow": "os"},
                   {"rows": 4, "cols": 4, "dataflow": "ws"}),
     area_unit="PE", area_units=lambda cfg: cfg.rows * cfg.cols,
+    legend="cycles for 32 jobs of K=R (ideal = one MAC per PE per cycle)",
 ))
 
 register(Block(
@@ -420,4 +408,5 @@ register(Block(
     summary="n OS arrays on K-slices summed by a pipelined adder tree (Mozart tile)",
     demo_configs=({"rows": 4, "cols": 4, "arrays": 4},),
     area_unit="PE", area_units=lambda cfg: cfg.rows * cfg.cols * cfg.arrays,
+    legend="cycles for 32 jobs of K=R (ideal = one MAC per PE per cycle)",
 ))

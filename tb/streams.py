@@ -16,11 +16,15 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 from cocotb.utils import get_sim_time
 
-__all__ = ["CLOCK_PERIOD_NS", "start_clock", "reset_dut", "start_after_reset", "edge_now",
+__all__ = ["CLOCK_PERIOD_NS", "STALL_PROFILES", "start_clock", "reset_dut", "start_after_reset", "edge_now",
            "StreamSource", "StreamSink", "StreamBench", "JobBench", "InOrderScoreboard",
            "wait_for", "check_in_order"]
 
 CLOCK_PERIOD_NS = 10
+
+# (valid-gap probability on every input, ready-stall probability on every output) of the
+# random-traffic tests of every block: none, gaps only, stalls only, and both heavy.
+STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.6), (0.7, 0.7)]
 
 
 def start_clock(dut):

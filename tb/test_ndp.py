@@ -3,7 +3,7 @@
 Every output is compared, in order, with the golden GEMV / FFN slice on the same weights,
 activations, LUT and shifts. Lanes past a row's end carry random values (they must be ignored).
 With a ready output and waiting streams, command spacing and result edges are asserted against
-the golden cycle model. The DDR4 test holds each weight beat back until :mod:`tb.dram` says the
+the golden cycle model. The DDR4 test holds each weight beat back until :mod:`golden.dram` says the
 DIMM delivered it.
 """
 
@@ -14,13 +14,12 @@ import cocotb
 import numpy as np
 from cocotb.triggers import ClockCycles
 
-from flows import ndp_schedule
+from golden import fixed
 from golden import ndp as golden
-from tb.dram import DDR4_3200AA, TABLE_I, Ddr4Stream
+from golden.dram import DDR4_3200AA, TABLE_I, Ddr4Stream
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import StreamSink, StreamSource, edge_now, reset_dut, start_after_reset, wait_for
+from tb.streams import STALL_PROFILES, StreamSink, StreamSource, edge_now, reset_dut, start_after_reset, wait_for
 
-STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (0.5, 0.5)]
 
 
 class NdpBench:
@@ -47,16 +46,16 @@ class NdpBench:
 
     # --- stimulus --------------------------------------------------------------------------
     def weights(self, rows, cols):
-        low, high = -(1 << (self.cfg.w_width - 1)), (1 << (self.cfg.w_width - 1)) - 1
+        low, high = fixed.signed_limits(self.cfg.w_width)
         return np.array([[self.rng.randint(low, high) for _ in range(cols)] for _ in range(rows)],
                         dtype=np.int64)
 
     def vector(self, length):
-        low, high = -(1 << (self.cfg.x_width - 1)), (1 << (self.cfg.x_width - 1)) - 1
+        low, high = fixed.signed_limits(self.cfg.x_width)
         return [self.rng.randint(low, high) for _ in range(length)]
 
     def _pad(self, width):
-        low, high = -(1 << (width - 1)), (1 << (width - 1)) - 1
+        low, high = fixed.signed_limits(width)
         return lambda: self.rng.randint(low, high)
 
     async def write_lut(self, table):
@@ -177,14 +176,14 @@ async def test_extremes_wrap_and_saturate(dut):
     bench = _setup(dut, "extremes")
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    w_min, w_max = -(1 << (cfg.w_width - 1)), (1 << (cfg.w_width - 1)) - 1
-    x_min, x_max = -(1 << (cfg.x_width - 1)), (1 << (cfg.x_width - 1)) - 1
+    w_min, w_max = fixed.signed_limits(cfg.w_width)
+    x_min, x_max = fixed.signed_limits(cfg.x_width)
     cols = cfg.max_cols
     weights = np.array([[w_min] * cols, [w_max] * cols, [w_min, w_max] * (cols // 2) +
                         [w_min] * (cols % 2)], dtype=np.int64)
     bench.gemv(weights, [x_min] * cols)
     bench.gemv(weights, [x_max] * cols)
-    identity = [golden.wrap(i, cfg.x_width) for i in range(1 << cfg.x_width)]
+    identity = [fixed.wrap(i, cfg.x_width) for i in range(1 << cfg.x_width)]
     await bench.write_lut(identity)
     inter = min(cfg.max_inter, 3)
     hidden = min(cfg.max_cols, 2 * cfg.mults + 1)
@@ -207,7 +206,7 @@ async def test_ffn_slice_and_lut_reprogramming(dut, gap, stall):
     frac = max(cfg.x_width - 4, 0)
     tables = [golden.activation_lut(name, cfg.x_width, frac, frac)
               for name in ("silu", "gelu", "relu")]
-    tables.append([bench.rng.randint(-(1 << (cfg.x_width - 1)), (1 << (cfg.x_width - 1)) - 1)
+    tables.append([bench.rng.randint(*fixed.signed_limits(cfg.x_width))
                    for _ in range(1 << cfg.x_width)])
     sizes = [(min(cfg.max_inter, cfg.mults + 1), min(cfg.max_cols, 2 * cfg.mults - 1)),
              (1, 1), (cfg.max_inter, cfg.max_cols), (min(cfg.max_inter, 2), cfg.max_cols)]
@@ -239,7 +238,7 @@ async def test_tensor_parallel_expert(dut):
             bench.ffn(wg_s, wu_s, wd_s, x, shifts)
         await bench.drain()
         partials = np.array([v for v, _ in bench.results()[start:]], dtype=object)
-        total = [golden.wrap(v, cfg.acc_width) for v in partials.reshape(parts, hidden).sum(0)]
+        total = [fixed.wrap(v, cfg.acc_width) for v in partials.reshape(parts, hidden).sum(0)]
         whole = golden.ffn_expert(wg, wu, wd, x, bench.table, shifts, cfg.x_width, cfg.acc_width)
         assert total == whole, f"N={parts}, I={inter}: TP sum differs from the whole expert"
     bench.check()
@@ -411,14 +410,14 @@ async def test_throughput(dut):
         partials.append([v for v, _ in bench.results()[first:]])
         slice_cycles.append(cycles)
         macs += slice_macs
-    total = [golden.wrap(v, cfg.acc_width) for v in np.array(partials, dtype=object).sum(0)]
+    total = [fixed.wrap(v, cfg.acc_width) for v in np.array(partials, dtype=object).sum(0)]
     whole = golden.ffn_expert(wg, wu, wd, x, bench.table, shifts, cfg.x_width, cfg.acc_width)
     assert total == whole, "4-DIMM tensor-parallel sum differs from the whole expert"
     metrics[f"tp4_expert_{hidden}x{inter}_slice_cycles"] = max(slice_cycles)
     metrics["ffn_mac_util"] = round(macs / (M * sum(slice_cycles)), 3)
 
     # One DIMM's slice (N = 4) of each Table II expert, scaled by one factor to fit the buffers.
-    for model in ndp_schedule.MODELS:
+    for model in golden.MODELS:
         scale = max(math.ceil(model.hidden / cols), math.ceil(model.inter / 4 / cfg.max_inter))
         hidden, inter = math.ceil(model.hidden / scale), math.ceil(model.inter / scale / 4)
         wg, wu, wd = _ffn_weights(bench, inter, hidden)

@@ -13,14 +13,14 @@ import time
 import cocotb
 from cocotb.triggers import ClockCycles, RisingEdge
 
-from flows import placement
+from golden import placement
+from golden import fixed
 from golden import nop as golden
 from golden import router as golden_router
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import (StreamSink, StreamSource, edge_now, reset_dut, start_after_reset,
+from tb.streams import (STALL_PROFILES, StreamSink, StreamSource, edge_now, reset_dut, start_after_reset,
                         start_clock, wait_for)
 
-STALL_PROFILES = [(0.0, 0.0), (0.4, 0.0), (0.0, 0.5), (0.5, 0.5)]
 TRACE_K = 2          # experts per token of the synthetic placement trace
 
 
@@ -63,7 +63,7 @@ class TreeBench:
         if mask is None:
             mask = self.rng.randint(1, (1 << self.leaves) - 1)
         flits = flits or self.rng.randint(1, cfg.max_flits)
-        low, high = -(1 << (cfg.data_width - 1)), (1 << (cfg.data_width - 1)) - 1
+        low, high = fixed.signed_limits(cfg.data_width)
         data = [[self.rng.randint(low, high) for _ in range(cfg.lanes)] for _ in range(flits)]
         return {"token": token % (1 << cfg.token_width), "mask": mask, "flits": data}
 

@@ -14,9 +14,8 @@ from cocotb.triggers import ClockCycles, RisingEdge
 
 from golden import pmu as golden
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import StreamSink, StreamSource, edge_now, reset_dut, start_clock, wait_for
+from tb.streams import STALL_PROFILES, StreamSink, StreamSource, edge_now, reset_dut, start_clock, wait_for
 
-STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.6), (0.6, 0.6)]
 
 
 class PMUBench:

@@ -10,13 +10,12 @@ import time
 import cocotb
 from cocotb.triggers import ClockCycles
 
-from flows import placement
+from golden import placement
 from golden import nop as golden_nop
 from golden import router as golden
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import StreamSink, StreamSource, edge_now, reset_dut, start_after_reset, wait_for
+from tb.streams import STALL_PROFILES, StreamSink, StreamSource, edge_now, reset_dut, start_after_reset, wait_for
 
-STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (0.5, 0.5)]
 
 
 class RouterBench:

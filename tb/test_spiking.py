@@ -10,11 +10,11 @@ import time
 import cocotb
 from cocotb.triggers import ClockCycles
 
+from golden import fixed
 from golden import spiking as golden
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import StreamSink, StreamSource, reset_dut, start_after_reset, wait_for
+from tb.streams import STALL_PROFILES, StreamSink, StreamSource, reset_dut, start_after_reset, wait_for
 
-STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (0.5, 0.5)]
 
 
 class LifBench:
@@ -45,7 +45,7 @@ class LifBench:
         self.inputs.append((list(inputs), last))
 
     def random_inputs(self, spread=None):
-        high = (1 << (self.cfg.x_width - 1)) - 1
+        high = fixed.signed_limits(self.cfg.x_width)[1]
         spread = min(spread or high, high)
         return [self.rng.randint(-spread - 1, spread) for _ in range(self.cfg.neurons)]
 
@@ -90,7 +90,7 @@ async def test_threshold_is_strict_and_reset_is_to_zero(dut):
     await start_after_reset(dut, bench)
     cfg = bench.cfg
     # The largest threshold with Vth + 1 representable in V and Vth an input value.
-    vth = min(100, (1 << (cfg.v_width - 1)) - 2, (1 << (cfg.x_width - 1)) - 1)
+    vth = min(100, (1 << (cfg.v_width - 1)) - 2, fixed.signed_limits(cfg.x_width)[1])
     bench.write(vth, 0)
     await _written(bench)
     n = cfg.neurons
@@ -113,8 +113,8 @@ async def test_saturation_and_negative_leak(dut):
     bench = _setup(dut, "saturate")
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    x_max = (1 << (cfg.x_width - 1)) - 1
-    v_max = (1 << (cfg.v_width - 1)) - 1
+    x_max = fixed.signed_limits(cfg.x_width)[1]
+    v_max = fixed.signed_limits(cfg.v_width)[1]
     n = cfg.neurons
     bench.write(v_max, 0)                 # nothing can exceed v_max: no spike
     await _written(bench)
@@ -147,8 +147,8 @@ async def test_random_with_stalls(dut, gap, stall):
     bench = _setup(dut, f"random{gap}{stall}", gap=gap, stall=stall)
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    v_max = (1 << (cfg.v_width - 1)) - 1
-    spread = max(1, min((1 << (cfg.x_width - 1)) - 1, v_max // 3))
+    v_max = fixed.signed_limits(cfg.v_width)[1]
+    spread = max(1, min(fixed.signed_limits(cfg.x_width)[1], v_max // 3))
     for write in range(4):
         leak = bench.rng.randint(-2, max(2, spread // 8))
         bench.write(bench.rng.randint(0, v_max), max(-v_max - 1, min(leak, v_max)))
@@ -163,7 +163,7 @@ async def test_reset_mid_stream(dut):
     """Reset with steps in flight: no stale output, potentials start from 0 again."""
     bench = _setup(dut, "reset", stall=0.3)
     await start_after_reset(dut, bench)
-    v_max = (1 << (bench.cfg.v_width - 1)) - 1
+    v_max = fixed.signed_limits(bench.cfg.v_width)[1]
     bench.write(min(50, v_max), 1)
     for _ in range(20):
         bench.step(bench.random_inputs(40))
@@ -193,8 +193,8 @@ async def test_throughput(dut):
     await start_after_reset(dut, bench)
     cfg = bench.cfg
     # A positive drive: inputs uniform in 0..spread against Vth = 2 * spread.
-    spread = max(1, min((1 << (cfg.x_width - 1)) - 1, (1 << (cfg.v_width - 1)) // 8))
-    bench.write(min(2 * spread, (1 << (cfg.v_width - 1)) - 1), 1)
+    spread = max(1, min(fixed.signed_limits(cfg.x_width)[1], (1 << (cfg.v_width - 1)) // 8))
+    bench.write(min(2 * spread, fixed.signed_limits(cfg.v_width)[1]), 1)
     await _written(bench)
     steps, wall = 64, time.perf_counter()
     for index in range(steps):

@@ -10,11 +10,11 @@ import time
 import cocotb
 from cocotb.triggers import ClockCycles
 
+from golden import fixed
 from golden import spiking_attention as golden
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import JobBench, start_after_reset
+from tb.streams import STALL_PROFILES, JobBench, start_after_reset
 
-STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (0.5, 0.5)]
 
 
 class AttentionBench(JobBench):
@@ -33,7 +33,7 @@ class AttentionBench(JobBench):
                       for _ in range(self.cfg.heads)] for _ in range(tokens)]
                     for _ in range(steps)]
         q, k, v = spikes(), spikes(), spikes()
-        v_max = (1 << (self.cfg.v_width - 1)) - 1
+        v_max = fixed.signed_limits(self.cfg.v_width)[1]
         vth = min(v_max, self.rng.randint(0, max(1, tokens * dim // 3)))
         return q, k, v, vth, min(v_max, self.rng.randint(0, 2))
 
@@ -95,7 +95,7 @@ async def test_threshold_edges(dut):
     tokens, dim = min(cfg.max_tokens, 2), min(cfg.max_head_dim, 2)
     ones = [[[[1] * dim for _ in range(cfg.heads)] for _ in range(tokens)] for _ in range(2)]
     y = tokens * dim                       # A[n, m] = dim, Y[n, j] = tokens x dim
-    v_max = (1 << (cfg.v_width - 1)) - 1
+    v_max = fixed.signed_limits(cfg.v_width)[1]
     for vth, vleak in ((min(y, v_max), 0), (y - 1, 0), (0, y)):
         bench.job(ones, ones, ones, vth, vleak)
     await bench.drain()

@@ -10,11 +10,11 @@ import time
 import cocotb
 from cocotb.triggers import ClockCycles
 
+from golden import fixed
 from golden import spiking_expert as golden
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import JobBench, start_after_reset
+from tb.streams import STALL_PROFILES, JobBench, start_after_reset
 
-STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (0.5, 0.5)]
 
 
 class ExpertBench(JobBench):
@@ -29,12 +29,12 @@ class ExpertBench(JobBench):
 
     def random_job(self, d_in, d_out, tokens, steps, density=0.3, vth=None, vleak=None):
         cfg = self.cfg
-        w_max = (1 << (cfg.w_width - 1)) - 1
+        w_max = fixed.signed_limits(cfg.w_width)[1]
         weights = [[self.rng.randint(-w_max - 1, w_max) for _ in range(d_in)]
                    for _ in range(d_out)]
         spikes = [[[int(self.rng.random() < density) for _ in range(d_in)] for _ in range(steps)]
                   for _ in range(tokens)]
-        v_max = (1 << (cfg.v_width - 1)) - 1
+        v_max = fixed.signed_limits(cfg.v_width)[1]
         if vth is None:
             vth = min(v_max, self.rng.randint(0, w_max * max(1, d_in // 4)))
         if vleak is None:
@@ -46,7 +46,7 @@ class ExpertBench(JobBench):
         d_out, d_in = len(weights), len(weights[0])
         self.sources["cmd"].send({"d_in": d_in, "d_out": d_out, "tokens": len(spikes),
                                   "timesteps": len(spikes[0]), "vth": vth, "vleak": vleak})
-        w_max = (1 << (cfg.w_width - 1)) - 1
+        w_max = fixed.signed_limits(cfg.w_width)[1]
         pad = lambda: self.rng.randint(-w_max - 1, w_max)  # noqa: E731
         for w, s in golden.expert_input_beats(weights, spikes, cfg.rows, cfg.cols, pad):
             self.sources["w"].send({"w": w})
@@ -101,7 +101,7 @@ async def test_threshold_and_leak_edges(dut):
     d_in = 3
     weights = [[2] * d_in for _ in range(R)]             # integration = 6 per step
     spikes = [[[1] * d_in for _ in range(3)]]
-    v_max = (1 << (cfg.v_width - 1)) - 1
+    v_max = fixed.signed_limits(cfg.v_width)[1]
     for vth, vleak in ((6, 0), (5, 0), (11, -1), (0, 7), (min(12, v_max), 0)):
         bench.job(weights, spikes, vth, vleak)
     await bench.drain()

@@ -10,12 +10,12 @@ import time
 import cocotb
 from cocotb.triggers import ClockCycles
 
+from golden import fixed
 from golden import spiking_moe as golden
 from golden.spiking_router import router_output_order
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import JobBench, start_after_reset, wait_for
+from tb.streams import STALL_PROFILES, JobBench, start_after_reset, wait_for
 
-STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (0.5, 0.5)]
 
 
 class MoeBench(JobBench):
@@ -32,14 +32,14 @@ class MoeBench(JobBench):
     def random_layer(self, d_in, d_out, tokens, steps, density=0.4, favourite=None):
         """Random spikes and weights; ``favourite`` gives that expert large routing weights."""
         cfg, rng = self.cfg, self.rng
-        w_max = (1 << (cfg.w_width - 1)) - 1
+        w_max = fixed.signed_limits(cfg.w_width)[1]
         spikes = [[[int(rng.random() < density) for _ in range(d_in)] for _ in range(steps)]
                   for _ in range(tokens)]
         routing = [[[w_max if e == favourite else rng.randint(-w_max - 1, w_max)
                      for e in range(cfg.experts)] for _ in range(d_in)] for _ in range(steps)]
         experts = [[[rng.randint(-w_max - 1, w_max) for _ in range(d_in)] for _ in range(d_out)]
                    for _ in range(cfg.experts)]
-        v_max = (1 << (cfg.v_width - 1)) - 1
+        v_max = fixed.signed_limits(cfg.v_width)[1]
         vth = min(v_max, rng.randint(0, w_max * max(1, d_in // 4)))
         return spikes, routing, experts, vth, min(v_max, rng.randint(0, 2))
 
@@ -49,7 +49,7 @@ class MoeBench(JobBench):
         self.sources["cmd"].send({"d_in": d_in, "d_out": d_out, "tokens": len(spikes),
                                   "timesteps": len(spikes[0]), "k": k, "vth": vth,
                                   "vleak": vleak})
-        w_max = (1 << (cfg.w_width - 1)) - 1
+        w_max = fixed.signed_limits(cfg.w_width)[1]
         act, wr, w = golden.moe_input_beats(spikes, routing, experts, cfg.rows,
                                             cfg.max_timesteps,
                                             pad=lambda: self.rng.randint(-w_max - 1, w_max))

@@ -10,11 +10,11 @@ import time
 import cocotb
 from cocotb.triggers import ClockCycles
 
+from golden import fixed
 from golden import spiking_router as golden
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import JobBench, start_after_reset
+from tb.streams import STALL_PROFILES, JobBench, start_after_reset
 
-STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (0.5, 0.5)]
 
 
 class RouterBench(JobBench):
@@ -27,7 +27,7 @@ class RouterBench(JobBench):
         self.expected = []
 
     def random_job(self, d_in, tokens, steps, density=0.4):
-        w_max = (1 << (self.cfg.w_width - 1)) - 1
+        w_max = fixed.signed_limits(self.cfg.w_width)[1]
         weights = [[[self.rng.randint(-w_max - 1, w_max) for _ in range(self.cfg.experts)]
                     for _ in range(d_in)] for _ in range(steps)]
         spikes = [[[int(self.rng.random() < density) for _ in range(d_in)] for _ in range(steps)]

@@ -11,15 +11,15 @@ import time
 import cocotb
 from cocotb.triggers import ClockCycles, RisingEdge
 
+from golden import fixed
 from golden import systolic as golden
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import InOrderScoreboard, StreamSink, StreamSource, reset_dut, start_clock, wait_for
+from tb.streams import STALL_PROFILES, InOrderScoreboard, StreamSink, StreamSource, reset_dut, start_clock, wait_for
 
-STALL_PROFILES = [(0.5, 0.0), (0.0, 0.6), (0.4, 0.4), (0.8, 0.8)]
 
 
 def _lane_range(width):
-    return -(1 << (width - 1)), (1 << (width - 1)) - 1
+    return fixed.signed_limits(width)
 
 
 def _random_matrix(rng, shape, width, extremes=False):

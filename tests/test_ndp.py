@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 
 from conftest import SIMULATORS, config_id, run_block
+from golden import fixed
 from golden import ndp as golden
+from golden.dram import DDR4_3200AA, TABLE_I, Command, Ddr4Stream, check_trace
 from hw.ndp import NdpConfig
 from hw.params import ParamError
 from flows import ndp_schedule
-from tb.dram import DDR4_3200AA, TABLE_I, Command, Ddr4Stream, check_trace
 
 COCOTB_TESTS = 13
 
@@ -46,8 +47,8 @@ def test_requant_rounds_half_up_and_saturates():
 
 
 def test_wrap_is_twos_complement():
-    assert golden.wrap(1 << 15, 16) == -(1 << 15)
-    assert golden.wrap(-(1 << 15) - 1, 16) == (1 << 15) - 1
+    assert fixed.wrap(1 << 15, 16) == -(1 << 15)
+    assert fixed.wrap(-(1 << 15) - 1, 16) == (1 << 15) - 1
 
 
 def test_split_sizes_even_and_uneven():
@@ -69,7 +70,7 @@ def test_tensor_parallel_sum_equals_whole_expert(parts, inter):
     whole = golden.ffn_expert(wg, wu, wd, x, lut, shifts, 8, 32)
     partials = [golden.ffn_slice(g, u, d, x, lut, shifts, 8, 32)[0]
                 for g, u, d in golden.split_expert(wg, wu, wd, parts)]
-    total = [golden.wrap(v, 32) for v in np.array(partials, dtype=object).sum(0)]
+    total = [fixed.wrap(v, 32) for v in np.array(partials, dtype=object).sum(0)]
     assert total == whole
 
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from conftest import SIMULATORS, config_id, run_block
-from flows import placement
+from golden import placement
+from golden import fixed
 from golden import nop as golden
 from golden import router as golden_router
 from hw.nop import NopConfig, NopSwitchConfig
@@ -54,7 +55,7 @@ def test_forwarding_cost_is_r_times_combine():
 def test_combine_sums_wrap_at_acc_width():
     packets = [{"token": 1, "mask": 0b11, "flits": [[100]]}]
     out = golden.combine(packets, lambda leaf, p: [[p["flits"][0][0] * (leaf + 1)]], 8)
-    assert out == [[[golden.wrap(300, 8)]]] and out[0][0][0] == 44
+    assert out == [[[fixed.wrap(300, 8)]]] and out[0][0][0] == 44
 
 
 def test_cycle_model_recursion():

@@ -1,0 +1,129 @@
+"""`moegen docs`: the generated tables of the documentation.
+
+The prose of ``docs/blocks/<family>.md`` is written by hand, once; the tables are generated
+between markers so they cannot drift from the code and the measurements:
+
+* ``<!-- moegen:params BLOCK -->``: the parameter table, from the registry (:func:`hw.params.describe`);
+* ``<!-- moegen:figures BLOCK -->``: the figure table, from ``docs/bench.json``, the record of the
+  last ``make bench`` (``moegen docs --bench build/bench.json`` copies a new one in);
+* ``<!-- moegen:blocks -->`` (README): the block table with a link to each family's page.
+
+``tests/test_architecture.py`` fails when the committed docs differ from what this writes.
+"""
+
+import json
+import re
+from pathlib import Path
+
+from flows.toolchain import REPO_ROOT
+from hw.params import describe, format_value
+from hw.registry import all_blocks, get_block
+
+__all__ = ["DOCS", "BENCH_RECORD", "render", "update", "stale_files"]
+
+DOCS = REPO_ROOT / "docs"
+BENCH_RECORD = DOCS / "bench.json"
+_MARKER = re.compile(r"(<!-- moegen:(\w+)(?: (\w+))? -->\n)(.*?)(<!-- /moegen:\2 -->)", re.S)
+
+
+def _md_table(headers, rows):
+    def cell(value):
+        return str(value).replace("|", "\\|")
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _params_table(name):
+    block = get_block(name)
+    return _md_table(["parameter", "default", "allowed", "meaning"],
+                     [(f"`{n}`", f"`{d}`", a, doc) for n, d, a, doc in describe(block.config)])
+
+
+def _metric_text(metrics):
+    return "; ".join(f"{k} {format_value(v) if isinstance(v, (list, tuple)) else v}"
+                     for k, v in metrics.items())
+
+
+def _figures_table(name, bench):
+    records = [r for r in bench.get("results", []) if r["block"] == name]
+    if not records:
+        return f"No `make bench` record of `{name}` yet (run `make bench`, then `moegen docs --bench build/bench.json`).\n"
+    block = get_block(name)
+    rows = []
+    for r in records:
+        units = r.get(block.area_unit + "s", 1)
+        area = r["synth_generic"]
+        rows.append((r["params"] or "defaults", _metric_text(r["verilator"]["metrics"]),
+                     f"{r['verilator']['sim_cycles_per_second']:,.0f}",
+                     f"{r['icarus']['sim_cycles_per_second']:,.0f}",
+                     f"{area['cells']:,}", f"{area['flip_flops']:,}", f"{area['luts']:,}",
+                     f"{area['cells'] / units:,.0f} per {block.area_unit}"))
+    note = (f"From `make bench` of {bench.get('generated', '?')} (docs/bench.json): figures "
+            "measured by `test_throughput` on Verilator and asserted against the golden cycle "
+            "model; simulated cycles per wall-clock second on both simulators (noisy: compare "
+            "within one run); Yosys generic synthesis (`synth -lut 4`).\n\n")
+    text = note + _md_table(["params", "measured (cycle-exact)", "Verilator cycles/s",
+                             "Icarus cycles/s", "cells", "flip-flops", "LUTs", "cells per unit"],
+                            rows)
+    for r in records:
+        if "tier_activity" in r:
+            act = r["tier_activity"]
+            text += (f"\nSwitching activity of `test_throughput` on the 3D build ("
+                     f"{r['params'] or 'defaults'}), bit flips per cycle: top tier "
+                     f"{act['top_flips_per_cycle']}, bottom tier {act['bottom_flips_per_cycle']} "
+                     f"({act['cycles']} cycles).\n")
+    return text
+
+
+def _blocks_table():
+    return _md_table(["block", "family page", "what it is"],
+                     [(f"`{b.name}`", f"[docs/blocks/{b.family}.md](docs/blocks/{b.family}.md)",
+                       b.summary) for b in all_blocks()])
+
+
+def render(text, bench):
+    """``text`` with every marked table regenerated."""
+    def fill(match):
+        kind, name = match.group(2), match.group(3)
+        if kind == "params":
+            body = _params_table(name)
+        elif kind == "figures":
+            body = _figures_table(name, bench)
+        elif kind == "blocks":
+            body = _blocks_table()
+        else:
+            raise ValueError(f"unknown docs marker 'moegen:{kind}'")
+        return match.group(1) + body + match.group(5)
+    return _MARKER.sub(fill, text)
+
+
+def _files():
+    return [REPO_ROOT / "README.md", *sorted((DOCS / "blocks").glob("*.md"))]
+
+
+def _bench():
+    return json.loads(BENCH_RECORD.read_text()) if BENCH_RECORD.exists() else {}
+
+
+def stale_files():
+    """The documentation files whose generated tables differ from what :func:`update` writes."""
+    bench = _bench()
+    return [path for path in _files() if render(path.read_text(), bench) != path.read_text()]
+
+
+def update(bench_json=None):
+    """Regenerate every table (after copying ``bench_json`` to docs/bench.json, if given);
+    returns the files that changed."""
+    if bench_json is not None:
+        record = json.loads(Path(bench_json).read_text())
+        BENCH_RECORD.write_text(json.dumps(record, indent=2) + "\n")
+    bench = _bench()
+    changed = []
+    for path in _files():
+        text = path.read_text()
+        new = render(text, bench)
+        if new != text:
+            path.write_text(new)
+            changed.append(path)
+    return changed

@@ -1,0 +1,84 @@
+"""The architecture rules of DESIGN.md: one-way layers, one home per family, fresh docs."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows import docs, toolchain
+from hw.registry import all_blocks, families
+
+ROOT = toolchain.REPO_ROOT
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+
+def _lint_imports(cwd):
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=cwd, capture_output=True,
+                          text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(cwd)})
+
+
+def test_import_contracts_hold():
+    result = _lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize("module, line, contract", [
+    ("golden/fixed.py", "from flows import verilog", "layers"),
+    ("golden/fixed.py", "import amaranth", "golden is NumPy"),
+    ("hw/pipeline.py", "import subprocess", "hw generators never run a tool"),
+    ("flows/verilog.py", "import flows.cli", "the CLI is the top"),
+    ("flows/toolchain.py", "import flows.sim", "no import cycles"),
+])
+def test_a_wrong_arrow_fails_and_names_the_import(tmp_path, module, line, contract):
+    for package in ("golden", "hw", "tb", "flows"):
+        shutil.copytree(ROOT / package, tmp_path / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    path = tmp_path / module
+    path.write_text(line + "\n" + path.read_text())
+    result = _lint_imports(tmp_path)
+    assert result.returncode != 0
+    broken = [text for text in result.stdout.splitlines() if text.endswith("BROKEN")]
+    assert any(text.startswith(contract) for text in broken), result.stdout
+    # The report names the importing module (cycles name it relative to its package).
+    package, name = module[:-3].split("/")
+    assert f"{package}.{name}" in result.stdout or f".{name} -> " in result.stdout
+
+
+def test_every_family_lives_in_exactly_its_five_places():
+    names = [block.name for block in all_blocks()]
+    assert len(names) == len(set(names))
+    for family in families():
+        for path in (f"hw/{family}.py", f"golden/{family}.py", f"tb/test_{family}.py",
+                     f"tests/test_{family}.py", f"docs/blocks/{family}.md"):
+            assert (ROOT / path).is_file(), path
+        page = (ROOT / "docs" / "blocks" / f"{family}.md").read_text()
+        for block in all_blocks():
+            if block.family == family:
+                # The block is defined in its family's module and documented on its page.
+                assert block.config.__module__ == f"hw.{family}", block.name
+                assert f"<!-- moegen:params {block.name} -->" in page, block.name
+                assert f"<!-- moegen:figures {block.name} -->" in page, block.name
+                for params in block.demo_configs:
+                    block.config(**params)          # demo configurations are valid
+    # No second list of the families: nothing outside the registry names them all.
+    for path in ROOT.glob("*/*.py"):
+        if ".venv" not in path.parts and path != Path(__file__):
+            assert "FAMILIES =" not in path.read_text(), path
+    # Every documented family page belongs to a registered family.
+    assert {p.stem for p in (ROOT / "docs" / "blocks").glob("*.md")} == set(families())
+
+
+def test_committed_docs_are_what_moegen_docs_generates():
+    assert docs.stale_files() == [], "run `.venv/bin/moegen docs` and commit the result"
+
+
+def test_readme_is_a_front_door():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.encode()) <= 15 * 1024
+    assert "make demo" in text and "make test" in text
+    for family in families():
+        assert f"docs/blocks/{family}.md" in text
