@@ -100,15 +100,16 @@ def _load_all():
 
 
 def families():
-    """Names of the families (``hw`` modules that register blocks), in registration order."""
-    _load_all()
-    return list(dict.fromkeys(block.family for block in _BLOCKS.values()))
+    """Names of the families (``hw`` modules that register blocks), in module-name order."""
+    return list(dict.fromkeys(block.family for block in all_blocks()))
 
 
 def all_blocks():
-    """Every registered block, in registration order."""
+    """Every registered block: families by module name, blocks of a family in the order they
+    register (the same order in every process, whatever was imported first)."""
     _load_all()
-    return list(_BLOCKS.values())
+    order = list(_BLOCKS)
+    return sorted(_BLOCKS.values(), key=lambda block: (block.family, order.index(block.name)))
 
 
 def get_block(name):
@@ -117,4 +118,5 @@ def get_block(name):
     try:
         return _BLOCKS[name]
     except KeyError:
-        raise UnknownBlock(f"block {name!r}: unknown; allowed: {', '.join(_BLOCKS)}") from None
+        raise UnknownBlock(f"block {name!r}: unknown; allowed: "
+                           f"{', '.join(block.name for block in all_blocks())}") from None
