@@ -82,14 +82,16 @@ def combine(packets, leaf_output, acc_width):
     packets : list of dict
         ``token``, ``mask``, ``flits`` (list of lane lists).
     leaf_output : callable
-        ``leaf_output(leaf, packet) -> list of lane lists``, what a leaf returns.
+        ``leaf_output(leaf, packet) -> list of lane lists``, what a leaf returns. A return whose
+        length differs from the packet's is dropped: it adds nothing to the sum (the switch that
+        sees it flags ``error``).
     acc_width : int
         Width of the sums.
 
     Returns
     -------
     list of list of list of int
-        Per packet, its combined flits.
+        Per packet, its combined flits (as many as the packet has).
     """
     out = []
     for packet in packets:
@@ -97,7 +99,9 @@ def combine(packets, leaf_output, acc_width):
         leaves = [leaf for leaf in range(mask.bit_length()) if (mask >> leaf) & 1]
         total = np.zeros((len(packet["flits"]), len(packet["flits"][0])), dtype=object)
         for leaf in leaves:
-            total = total + np.array(leaf_output(leaf, packet), dtype=object)
+            returned = leaf_output(leaf, packet)
+            if len(returned) == len(packet["flits"]):
+                total = total + np.array(returned, dtype=object)
         out.append([[wrap(v, acc_width) for v in flit] for flit in total.tolist()])
     return out
 

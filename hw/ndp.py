@@ -63,7 +63,8 @@ class NdpConfig:
     max_inter : int
         h buffer size, elements (the largest intermediate slice I_s).
     out_depth : int
-        Output FIFO entries (enough for one row per cycle needs the result latency + 1).
+        Results that may be reserved for ``y`` at once (output slots; one row per cycle needs
+        the result latency + 1). The output FIFO has ``out_depth + 1`` entries.
     """
     mults: int = int_param(64, 1, 128, "M, multipliers (weights per beat)")
     w_width: int = int_param(8, 2, 16, "bits of a signed weight")
@@ -71,7 +72,7 @@ class NdpConfig:
     acc_width: int = int_param(32, 8, 48, "bits of the wrapping accumulator and outputs")
     max_cols: int = int_param(1024, 1, 16384, "activation buffer, elements")
     max_inter: int = int_param(256, 1, 16384, "h buffer (intermediate slice), elements")
-    out_depth: int = int_param(16, 2, 256, "output FIFO entries")
+    out_depth: int = int_param(16, 2, 256, "results held for y (output slots)")
 
     def __post_init__(self):
         validate(self)
@@ -176,9 +177,14 @@ class NdpCore(ConfiguredComponent):
         error = Signal()
         m.d.comb += self.error.eq(error)
 
-        # Output FIFO slots reserved by taken row-ending beats (results in flight or queued).
+        # Output FIFO slots reserved by taken row-ending beats (results in flight or queued):
+        # at most out_depth. The FIFO has one entry more: SyncFIFOBuffered refuses a write
+        # while its inner memory (depth - 1 words) is full, even at the edge that moves a word
+        # to its output register, so with exactly out_depth entries a reserved result could
+        # arrive to a full inner memory and be lost (out_depth = 2: two results on
+        # consecutive edges).
         m.submodules.out_fifo = out_fifo = SyncFIFOBuffered(
-            width=cfg.acc_width + 1, depth=cfg.out_depth)
+            width=cfg.acc_width + 1, depth=cfg.out_depth + 1)
         reserved = Signal(range(cfg.out_depth + 1))
 
         row_end = Signal()

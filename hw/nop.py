@@ -218,6 +218,10 @@ class NopSwitch(ConfiguredComponent):
         arrived = [Signal(F, name=f"slot{s}_arrived") for s in range(slots)]
         dispatched = [Signal(name=f"slot{s}_dispatched") for s in range(slots)]
         flits = [Signal(range(P + 1), name=f"slot{s}_flits") for s in range(slots)]
+        # Length of each child's return (P + 1: longer than P). A return whose length differs
+        # from the dispatched packet's is dropped: the combine leaves that child out.
+        returned = [[Signal(range(P + 2), name=f"slot{s}_returned{c}") for c in range(F)]
+                    for s in range(slots)]
 
         # --- dispatch ---
         flit = self.down_in.payload
@@ -291,9 +295,12 @@ class NopSwitch(ConfiguredComponent):
             read_ports.append(read)
             m.d.comb += [read.addr.eq(emit_slot * P + emit_index), read.en.eq(advance)]
 
-            count = Signal(range(P + 1), name=f"up{child}_count")
-            hits = Cat(valid[s] & owed[s][child] & ~arrived[s][child] &
-                       (token[s] == port.payload.token) for s in range(slots))
+            count = Signal(range(P + 2), name=f"up{child}_count")     # saturates at P + 1
+            # A signal, not an expression: every bit is read by the priority pick, and an
+            # expression would be emitted again for each read (slots^2 terms per child).
+            hits = Signal(slots, name=f"up{child}_hits")
+            m.d.comb += hits.eq(Cat(valid[s] & owed[s][child] & ~arrived[s][child] &
+                                    (token[s] == port.payload.token) for s in range(slots)))
             hit_slot = _lowest_set(m, hits, f"up{child}_slot")
             with m.If(port.valid):
                 with m.If(hits.any() & (count < P)):
@@ -301,14 +308,12 @@ class NopSwitch(ConfiguredComponent):
                                  write.data.eq(port.payload.data)]
                 with m.Else():
                     m.d.sync += error.eq(1)
-                m.d.sync += count.eq(Mux(port.payload.last, 0, count + 1))
+                m.d.sync += count.eq(Mux(port.payload.last, 0, Mux(count > P, count, count + 1)))
                 with m.If(port.payload.last & hits.any()):
                     for s in range(slots):
                         with m.If(hit_slot == s):
-                            m.d.sync += arrived[s][child].eq(1)
-                            # A return of the wrong length is flagged; the slot still completes.
-                            with m.If(dispatched[s] & (count + 1 != flits[s])):
-                                m.d.sync += error.eq(1)
+                            m.d.sync += [arrived[s][child].eq(1),
+                                         returned[s][child].eq(Mux(count > P, count, count + 1))]
 
         # --- emit completed slots upward, one flit per cycle ---
         complete = Signal(slots)
@@ -323,6 +328,11 @@ class NopSwitch(ConfiguredComponent):
         m.d.comb += [emit_slot.eq(Mux(busy, busy_slot, pick)),
                      emit_index.eq(Mux(busy, busy_index, 0))]
         slot_flits, slot_owed = Array(flits)[emit_slot], Array(owed)[emit_slot]
+        # The children whose return has the dispatched length; the others are dropped.
+        length_ok = [Signal(F, name=f"slot{s}_length_ok") for s in range(slots)]
+        for s in range(slots):
+            m.d.comb += length_ok[s].eq(Cat(returned[s][c] == flits[s] for c in range(F)))
+        slot_used = slot_owed & Array(length_ok)[emit_slot]
         slot_token = Array(token)[emit_slot]
         final = emit_index + 1 >= slot_flits
 
@@ -332,8 +342,10 @@ class NopSwitch(ConfiguredComponent):
         out_last = Signal()
         m.d.comb += advance.eq(~out_full | self.up_out.ready)
         with m.If(advance):
-            m.d.sync += [out_full.eq(issuing), out_owed.eq(slot_owed), out_token.eq(slot_token),
+            m.d.sync += [out_full.eq(issuing), out_owed.eq(slot_used), out_token.eq(slot_token),
                          out_last.eq(final)]
+            with m.If(issuing & (slot_used != slot_owed)):
+                m.d.sync += error.eq(1)
             with m.If(issuing):
                 with m.If(final):
                     m.d.sync += [busy.eq(0), pointer.eq(Mux(emit_slot + 1 == slots, 0,

@@ -1,7 +1,5 @@
 """Helpers shared by pipelined blocks: stall-able registers, the output queue, lane layouts."""
 
-import functools
-import operator
 
 from amaranth.hdl import Mux, Signal, signed
 from amaranth.lib import data
@@ -9,7 +7,8 @@ from amaranth.lib.fifo import SyncFIFO
 
 from golden.fixed import signed_limits
 
-__all__ = ["StallPipe", "OutputQueue", "OUT_FIFO_DEPTH", "lanes_layout", "saturate", "select"]
+__all__ = ["StallPipe", "OutputQueue", "OUT_FIFO_DEPTH", "lanes_layout", "saturate", "select",
+           "or_tree"]
 
 # Depth of an output queue. Two entries suffice for full throughput: a pipeline writes at most
 # one beat per cycle and a ready consumer reads one per cycle, so the level never exceeds one.
@@ -37,8 +36,21 @@ def select(index, values):
     Used instead of ``Array`` reads and ``word_select``/``bit_select`` with a variable index:
     the shifts those become made Yosys 0.70's ABC9 (yowasp) exit without a word.
     """
-    return functools.reduce(operator.or_, (Mux(index == i, value, 0)
-                                           for i, value in enumerate(values)))
+    return or_tree([Mux(index == i, value, 0) for i, value in enumerate(values)])
+
+
+def or_tree(terms):
+    """The OR of ``terms`` as a balanced tree (depth ceil(log2 n)).
+
+    A left-leaning fold of hundreds of terms (a 512-word buffer read through :func:`select`)
+    nests deeper than Python's recursion limit in Amaranth's transformers, and is a deeper
+    logic cone too.
+    """
+    terms = list(terms)
+    while len(terms) > 1:
+        terms = [terms[i] | terms[i + 1] if i + 1 < len(terms) else terms[i]
+                 for i in range(0, len(terms), 2)]
+    return terms[0]
 
 
 class StallPipe:

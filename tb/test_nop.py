@@ -55,6 +55,7 @@ class TreeBench:
         self.down_link_flits = [0] * self.internal
         self.up_link_flits = [0] * self.internal
         self.leaf_return_edges = {}        # (leaf, token) -> edge of the last return flit
+        self.return_lengths = {}           # (leaf, token) -> flits returned, when not the packet's
         self._tasks = []
 
     # --- traffic ---
@@ -120,12 +121,21 @@ class TreeBench:
             for choice in ready:
                 pending.remove(choice)
                 packet = choice[1]
-                output = leaf_output(leaf, packet)
+                output = self.returned(leaf, packet)
                 for index, flit in enumerate(output):
                     source.send({"token": packet["token"], "data": flit,
                                  "last": int(index == len(output) - 1)})
                 self._queued[leaf] += len(output)
                 cocotb.start_soon(self._note_return(leaf, packet["token"], self._queued[leaf]))
+
+    def returned(self, leaf, packet):
+        """What ``leaf`` returns for ``packet``: :func:`leaf_output`, cut short or padded with
+        extra flits where a test set ``return_lengths`` (a misbehaving leaf)."""
+        output = leaf_output(leaf, packet)
+        length = self.return_lengths.get((leaf, packet["token"]), len(output))
+        extra = [[self.rng.randint(-99, 99) for _ in range(self.cfg.lanes)]
+                 for _ in range(max(0, length - len(output)))]
+        return (output + extra)[:length]
 
     async def _note_return(self, leaf, token, sent_count):
         source = self.leaf_out[leaf]
@@ -151,7 +161,7 @@ class TreeBench:
         await ClockCycles(self.dut.clk, 10)
 
     def check(self):
-        cfg, packets = self.cfg, self.packets
+        packets = self.packets
         # Leaves: exactly the golden packets, in dispatch order, each once.
         for leaf, indices in enumerate(golden.deliveries(packets, self.fanouts)):
             want = []
@@ -162,11 +172,7 @@ class TreeBench:
             got = [(int(f.token), int(f.mask), [int(x) for x in f.data], int(f.last))
                    for _, f in self.leaf_in[leaf].received]
             assert got == want, f"leaf {leaf}: received {len(got)} flits, expected {len(want)}"
-        # Root: one combined packet per token with the golden sums (order is free).
-        expected = golden.combine(packets, leaf_output, cfg.acc_width)
-        want = sorted((p["token"], flits) for p, flits in zip(packets, expected))
-        got = sorted((token, flits) for token, flits, _ in self.combined_packets())
-        assert got == want, "combined packets differ from the golden sums"
+        self.check_sums()
         # Links: flits seen on every link equal the golden count, down and up.
         counts = golden.link_flits(packets, self.fanouts)
         assert len(self.root.sent_edges) == counts["root"]
@@ -176,6 +182,14 @@ class TreeBench:
         assert self.down_link_flits == counts["internal"], self.down_link_flits
         assert self.up_link_flits == counts["internal"], self.up_link_flits
         assert self.dut.error.value == 0
+
+    def check_sums(self):
+        """Root: one combined packet per token with the golden sums (order is free)."""
+        packets = self.packets
+        expected = golden.combine(packets, self.returned, self.cfg.acc_width)
+        want = sorted((p["token"], flits) for p, flits in zip(packets, expected))
+        got = sorted((token, flits) for token, flits, _ in self.combined_packets())
+        assert got == want, "combined packets differ from the golden sums"
 
 
 def _setup(dut, salt, **kwargs):
@@ -219,6 +233,34 @@ async def test_dispatch_cycle_exact(dut):
             position += count
         want = golden.dispatch_edges([root_edges[f] for f in flit_ids], bench.fanouts)
         assert [e for e, _ in bench.leaf_in[leaf].received] == want, f"leaf {leaf} edges"
+
+
+@cocotb.test()
+async def test_combine_round_robin_slot_order(dut):
+    """Slots that complete on one edge leave in round-robin slot order from the slot after the
+    last one emitted (docs/blocks/nop.md), not lowest slot first."""
+    bench = _setup(dut, "round-robin", return_delay=(0, 0))
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    span = bench.leaves // bench.fanouts[0]
+    flits = cfg.max_flits
+    # Token 0 uses root slot 0 and leaves: the root's pointer moves to slot 1.
+    bench.send(bench.random_packet(0, mask=1, flits=flits))
+    await bench.drain()
+    count = min(cfg.max_inflight, bench.fanouts[0])
+    bench.hold_returns = True
+    tokens = [10 + j for j in range(count)]          # token 10 + j takes root slot j
+    for j, token in enumerate(tokens):
+        bench.send(bench.random_packet(token, mask=1 << (j * span), flits=flits))
+    await wait_for(dut, lambda: sum(len(s.received) for s in bench.leaf_in)
+                   == flits * (count + 1), 200 + 20 * count, "every packet at its leaf")
+    bench.hold_returns = False                       # every leaf returns on the same edges
+    await bench.drain()
+    bench.check_sums()
+    order = [token for token, _, _ in bench.combined_packets()[1:]]
+    pointer = 1 % cfg.max_inflight
+    want = [tokens[(pointer + i) % count] for i in range(count)] if pointer < count else tokens
+    assert order == want, f"emitted {order}, round-robin from slot {pointer} gives {want}"
 
 
 @cocotb.test()
@@ -337,6 +379,31 @@ async def test_protocol_misuse_sets_sticky_error(dut):
         bench.send(bench.random_packet(token))
     await bench.drain()
     bench.check()
+
+
+@cocotb.test()
+async def test_wrong_length_returns_are_dropped(dut):
+    """Returns one flit short, one flit long and longer than P: each is left out of the sum
+    (no stale buffer word, no extra flit reaches the root), the slot completes with the
+    dispatched length, error is set, and traffic around them is summed correctly."""
+    bench = _setup(dut, "wrong-length")
+    await start_after_reset(dut, bench)
+    P = bench.cfg.max_flits
+    # Fill every slot's buffer with old data first, so a short return would expose it.
+    for token in range(bench.cfg.max_inflight):
+        bench.send(bench.random_packet(token, mask=(1 << bench.leaves) - 1, flits=P))
+    await bench.drain()
+    cases = [(0, P - 1), (bench.leaves - 1, P + 1), (bench.leaves // 2, P + 3)]
+    if P == 1:
+        cases[0] = (0, 2)
+    for index, (leaf, length) in enumerate(cases):
+        token = 40 + index
+        bench.return_lengths[(leaf, token % (1 << bench.cfg.token_width))] = length
+        bench.send(bench.random_packet(token, mask=(1 << bench.leaves) - 1, flits=P))
+        bench.send(bench.random_packet(token + 10))                  # good traffic around it
+    await bench.drain()
+    bench.check_sums()
+    assert dut.error.value == 1
 
 
 def _placement_masks(bench, clustered):

@@ -242,6 +242,29 @@ async def test_random_jobs_with_dependencies(dut, gap, stall):
 
 
 @cocotb.test()
+async def test_read_during_write_gets_the_old_word(dut):
+    """The same job on both ports, descriptors taken at one edge: read access j and write
+    access j touch the same words on the same edge, and every read returns the old word
+    (docs/blocks/pmu.md); a read after the write returns the new words."""
+    bench = await _setup(dut, "read-during-write")
+    cfg = bench.cfg
+    accesses = max(2, min(8, cfg.bank_depth))
+    job = golden.make_job(bench.params, bounds=[accesses], strides=[cfg.lanes])
+    bench.queue_write(job)                                 # the old words
+    await bench.writes_done(40 * accesses + 100)
+    bench.queue_read(job)                                  # expects the old words ...
+    bench.queue_write(job)                                 # ... while these are written
+    await wait_for(dut, lambda: len(bench.r.received) == len(bench.expected),
+                   40 * accesses + 100, "reads out")
+    assert bench.wjob.sent_edges[-1] == bench.rjob.sent_edges[-1], "descriptors on one edge"
+    assert bench.w_costs[-1] == bench.r_costs[-1] == [1] * accesses, "conflict-free accesses"
+    bench.queue_read(job)                                  # now the new words
+    await wait_for(dut, lambda: len(bench.r.received) == len(bench.expected),
+                   40 * accesses + 100, "reads out")
+    bench.check_reads()
+
+
+@cocotb.test()
 async def test_read_waits_for_write(dut):
     """wait_other: a read queued behind a write that starves for data stays idle until the
     write's last access, then reads the new words (read-after-write between jobs)."""

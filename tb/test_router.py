@@ -130,6 +130,62 @@ async def test_table_rewrite_between_tokens(dut):
 
 
 @cocotb.test()
+async def test_table_write_edge(dut):
+    """The contract of a run-time table write (docs/blocks/router.md): a route's mask is
+    computed from the table as it stands when the route enters the output register. With no
+    stalls a write taken at edge w is seen by every route leaving at w + 2 or later and by none
+    leaving earlier; a route held in the output register keeps its mask (the payload is stable
+    while valid is high) although the write lands while it waits."""
+    cfg = load_dut_config()[1]
+    bench = _setup(dut, "table-edge")
+    await start_after_reset(dut, bench)
+    old_table = _random_table(bench)
+    new_table = [(leaf + 1) % cfg.leaves for leaf in old_table]
+    await bench.write_table(old_table)
+
+    # 1. No stalls: a stream of one token per cycle with the write in the middle.
+    scores = [bench.random_scores() for _ in range(cfg.experts + 3 * cfg.latency + 12)]
+    for token, row in enumerate(scores):
+        bench.scores.send({"token": token % (1 << cfg.token_width), "score": row})
+    await ClockCycles(dut.clk, cfg.latency + 4)
+    writes = len(bench.table.sent_edges)
+    for expert, leaf in enumerate(new_table):
+        bench.table.send({"expert": expert, "leaf": leaf})
+    await wait_for(dut, lambda: len(bench.routes.received) == len(scores), 40 * len(scores),
+                   "every route out")
+    written = bench.table.sent_edges[writes:]                # edge of each entry's write
+    seen_old = seen_new = 0
+    for (edge, route), row in zip(bench.routes.received, scores):
+        experts, _ = golden.route(row, cfg.k, cfg.groups, cfg.topk_groups)
+        table = [new_table[e] if edge >= written[e] + 2 else old_table[e]
+                 for e in range(cfg.experts)]
+        assert int(route.mask) == golden.leaf_mask(experts, table), (edge, written)
+        seen_old += edge < written[0] + 2
+        seen_new += edge >= written[-1] + 2
+    assert seen_old and seen_new                  # the write fell inside the stream
+
+    # 2. A route held in the output register while the table changes keeps its old mask.
+    bench.routes.received.clear()
+    bench.routes.stop()                                    # ready low from now on
+    held, after = bench.random_scores(), bench.random_scores()
+    bench.scores.send({"token": 1, "score": held})
+    await wait_for(dut, lambda: dut.route__valid.value == 1, 4 * cfg.latency, "route held")
+    for expert, leaf in enumerate(old_table):
+        bench.table.send({"expert": expert, "leaf": leaf})
+    await wait_for(dut, lambda: bench.table.idle, 10 * cfg.experts + 20, "table written")
+    bench.scores.send({"token": 2, "score": after})
+    await ClockCycles(dut.clk, 3)
+    bench.routes.start()
+    await wait_for(dut, lambda: len(bench.routes.received) == 2, 4 * cfg.latency + 20,
+                   "both routes out")
+    (_, first), (_, second) = bench.routes.received
+    held_experts, _ = golden.route(held, cfg.k, cfg.groups, cfg.topk_groups)
+    after_experts, _ = golden.route(after, cfg.k, cfg.groups, cfg.topk_groups)
+    assert int(first.mask) == golden.leaf_mask(held_experts, new_table)
+    assert int(second.mask) == golden.leaf_mask(after_experts, old_table)
+
+
+@cocotb.test()
 async def test_reset_mid_stream(dut):
     """Reset with tokens in the pipeline: nothing comes out afterwards but new routes."""
     bench = _setup(dut, "reset", gap=0.2, stall=0.3)

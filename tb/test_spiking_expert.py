@@ -109,6 +109,30 @@ async def test_threshold_and_leak_edges(dut):
 
 
 @cocotb.test()
+async def test_integration_wraps(dut):
+    """Integrations past the acc_width range wrap in two's complement before the LIF step: all
+    spikes 1, every weight at the largest and then at the most negative value, over enough
+    inputs that the exact sum passes 2^(acc_width-1). With Vth = 0 the wrapped sum fires where
+    the exact (or a saturated) one would not, and the other way round."""
+    bench = _setup(dut, "wrap")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    half = 1 << (cfg.acc_width - 1)
+    for weight in fixed.signed_limits(cfg.w_width)[::-1]:
+        d_in = half // abs(weight) + 2
+        assert d_in < 1 << 16, "a test configuration whose wrap needs a d_in the port can't carry"
+        weights = [[weight] * d_in for _ in range(cfg.rows)]
+        spikes = [[[1] * d_in]]
+        assert abs(weight * d_in) >= half                          # the exact sum is out of range
+        wrapped = golden.expert_reference(weights, spikes, 0, 0, cfg.acc_width, cfg.v_width)
+        exact = golden.expert_reference(weights, spikes, 0, 0, 64, cfg.v_width)
+        assert wrapped != exact                                    # the wrap decides the spikes
+        bench.job(weights, spikes, 0, 0)
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
 async def test_reset_mid_job(dut):
     """Reset with a job half taken and columns in the array: no stale output afterwards."""
     bench = _setup(dut, "reset", gap=0.2, stall=0.2)

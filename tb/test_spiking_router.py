@@ -103,6 +103,30 @@ async def test_ties_go_to_the_lower_expert(dut):
 
 
 @cocotb.test()
+async def test_scores_wrap(dut):
+    """Routing scores past the acc_width range wrap in two's complement: all spikes 1, expert 0's
+    weights at the largest value and expert 1's (if any) at the most negative, over enough
+    inputs that the exact sums pass 2^(acc_width-1); the route's scores and its top-K follow the
+    wrapped sums (the exact ones would rank the experts the other way round)."""
+    bench = _setup(dut, "wrap")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    w_min, w_max = fixed.signed_limits(cfg.w_width)
+    half = 1 << (cfg.acc_width - 1)
+    d_in = half // min(w_max, -w_min) + 2
+    assert d_in < 1 << 16, "a test configuration whose wrap needs a d_in the port can't carry"
+    row = [w_max, w_min] + [0] * (cfg.experts - 2)
+    weights = [[row[:cfg.experts] for _ in range(d_in)]]
+    spikes = [[[1] * d_in] for _ in range(min(cfg.max_tokens, 2))]
+    wrapped = golden.router_scores(spikes, weights, cfg.acc_width)
+    exact = golden.router_scores(spikes, weights, 64)
+    assert wrapped != exact and abs(exact[0][0]) >= half
+    bench.job(weights, spikes, 1)
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
 async def test_reset_mid_job(dut):
     """Reset with a job half taken and tokens in the array: no stale route afterwards."""
     bench = _setup(dut, "reset", gap=0.2, stall=0.2)

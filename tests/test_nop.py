@@ -139,13 +139,13 @@ def test_fanouts_from_the_command_line_and_manifest():
 @pytest.mark.parametrize("simulator", SIMULATORS)
 @pytest.mark.parametrize("params", SWITCH_CONFIGS, ids=[config_id(p) for p in SWITCH_CONFIGS])
 def test_cocotb_switch(params, simulator):
-    assert run_block("nop_switch", params, simulator).tests == 11
+    assert run_block("nop_switch", params, simulator).tests == 13
 
 
 @pytest.mark.parametrize("simulator", SIMULATORS)
 @pytest.mark.parametrize("params", TREE_CONFIGS, ids=[config_id(p) for p in TREE_CONFIGS])
 def test_cocotb_tree(params, simulator):
-    assert run_block("nop_tree", params, simulator).tests == 11
+    assert run_block("nop_tree", params, simulator).tests == 13
 
 
 @pytest.mark.sweep

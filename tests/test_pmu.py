@@ -98,7 +98,7 @@ def test_config_rejects_bad_values(kwargs, message):
 @pytest.mark.parametrize("params", SIM_CONFIGS, ids=[config_id(p) for p in SIM_CONFIGS])
 def test_cocotb(params, simulator):
     result = run_block("pmu", params, simulator)
-    assert result.tests == 12  # every cocotb test of tb/test_pmu.py ran
+    assert result.tests == 13  # every cocotb test of tb/test_pmu.py ran
 
 
 @pytest.mark.sweep

@@ -63,13 +63,13 @@ SWEEP_CONFIGS = [{"experts": 64, "k": 8, "groups": 8, "topk_groups": 4}]
 @pytest.mark.parametrize("simulator", SIMULATORS)
 @pytest.mark.parametrize("params", SWEEP_CONFIGS, ids=[config_id(p) for p in SWEEP_CONFIGS])
 def test_cocotb_sweep(params, simulator):
-    assert run_block("topk_router", params, simulator).tests == 8
+    assert run_block("topk_router", params, simulator).tests == 9
 
 
 @pytest.mark.parametrize("simulator", SIMULATORS)
 @pytest.mark.parametrize("params", SIM_CONFIGS, ids=[config_id(p) for p in SIM_CONFIGS])
 def test_cocotb(params, simulator):
-    assert run_block("topk_router", params, simulator).tests == 8
+    assert run_block("topk_router", params, simulator).tests == 9
 
 
 def test_default_router_synthesizes(tmp_path):

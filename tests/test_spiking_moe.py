@@ -7,16 +7,17 @@ from golden import spiking_moe as golden
 from hw.params import ParamError
 from hw.spiking_moe import SpikingMoeConfig
 
-COCOTB_TESTS = 8
+COCOTB_TESTS = 9
 
 SIM_CONFIGS = [
     {},                                                         # the make demo configuration
     # Odd sizes: 3 experts of 3 x 5, 5 tokens x 3 timesteps, D_in 6, D_out 7 (3 row tiles).
     {"experts": 3, "rows": 3, "cols": 5, "max_tokens": 5, "max_timesteps": 3, "max_d_in": 6,
      "max_d_out": 7},
-    # One expert of one PE; 3-bit weights, wrapping 6-bit scores, saturating 5-bit V.
+    # One expert of one PE; 3-bit weights, the narrowest integrations and scores (4 bits:
+    # they wrap), saturating 5-bit V.
     {"experts": 1, "rows": 1, "cols": 1, "max_tokens": 3, "max_timesteps": 2, "max_d_in": 3,
-     "max_d_out": 2, "w_width": 3, "acc_width": 6, "v_width": 5},
+     "max_d_out": 2, "w_width": 3, "acc_width": 4, "v_width": 5},
 ]
 
 

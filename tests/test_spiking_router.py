@@ -7,7 +7,7 @@ from golden import spiking_router as golden
 from hw.params import ParamError
 from hw.spiking_router import SpikingRouterConfig
 
-COCOTB_TESTS = 8
+COCOTB_TESTS = 9
 
 SIM_CONFIGS = [
     {"experts": 8, "cols": 16, "max_tokens": 32},               # the make demo configuration
