@@ -23,6 +23,10 @@ SIMULATORS = ("icarus", "verilator")
 TIMESCALE = ("1ns", "1ps")
 # Amaranth's Verilog trips Verilator's width and unused lint; none of it is a design error.
 VERILATOR_ARGS = ["-Wno-fatal", "-Wno-lint", "-Wno-style", "-Wno-MULTIDRIVEN", "-O3"]
+# cocotb's runner makes every signal public (--public-flat-rw), which keeps Verilator from
+# optimizing any of them; the benches touch only the top module's ports, so only those are
+# made public (a Verilator config file, `_public_ports`) and the rest is left to Verilator.
+VERILATOR_PRIVATE = ["--no-public-flat-rw"]
 
 
 class SimFailure(AssertionError):
@@ -80,6 +84,17 @@ def _make_flags(optimize):
         os.environ["MAKEFLAGS"] = saved
 
 
+def _public_ports(path, module, ports):
+    """A Verilator config file making the ports of ``module`` (and nothing else) public."""
+    lines = ["`verilator_config"] + [f'public_flat_rw -module "{module}" -var "{port}"'
+                                     for port in ports]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "\n".join(lines) + "\n"
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
 def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234, quiet=False,
               three_d=False, optimize=False):
     """Build ``block`` with ``config`` and run its cocotb tests on ``simulator``.
@@ -126,19 +141,26 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
     runner = get_runner(simulator)
     toplevel = block.name
     with _locked(root):
-        v_path, m_path, _ = generate(block, config, root / "rtl")
+        v_path, m_path, info = generate(block, config, root / "rtl")
         sources = [v_path]
+        ports = [port["name"] for port in info["ports"]]
         if three_d:
             built3d = generate_3d(block, config, root / "rtl3d")["paths"]
             sources = [built3d[k] for k in ("2d", "top", "bottom", "3d", "equiv")]
             toplevel = f"{block.name}_equiv"
+            ports.append("mismatch")
+        build_args = []
+        if simulator == "verilator":
+            build_args = VERILATOR_ARGS + (VERILATOR_PRIVATE if not waves else [])
+            if not waves:
+                sources.append(_public_ports(root / f"public-{toplevel}.vlt", toplevel, ports))
         stamp = build_dir / ".moegen-stamp"
         digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()
         started = time.monotonic()
         if not (stamp.exists() and stamp.read_text() == digest):
             with _make_flags(optimize):
                 runner.build(sources=sources, hdl_toplevel=toplevel, build_dir=build_dir,
-                             build_args=VERILATOR_ARGS if simulator == "verilator" else [],
+                             build_args=build_args,
                              timescale=TIMESCALE, waves=waves, always=True,
                              log_file=build_dir / "build.log" if quiet else None)
             stamp.write_text(digest)

@@ -1,8 +1,10 @@
 """Reusable cocotb stream source, sink and scoreboard for Amaranth ``lib.stream`` ports.
 
 The generated Verilog flattens a stream port ``x`` into ``x__valid``, ``x__ready`` and
-``x__payload``. Payloads are packed and unpacked with the block's own Amaranth layout
-(``layout.const(...).as_bits()`` / ``layout.from_bits(...)``), so bit packing is defined once.
+``x__payload``. Payloads are packed and unpacked with the block's own Amaranth layout, through
+integer codecs computed once from it (:mod:`tb.codec`), so bit packing is defined once and costs
+shifts per beat. Every :class:`StreamSink` is also a protocol checker of the output it watches
+(:class:`ProtocolError`).
 
 Handshakes are sampled right after :class:`~cocotb.triggers.RisingEdge`, i.e. the values the flops
 saw at that edge (not after ``ReadOnly``, which would show post-edge values and miscount
@@ -16,7 +18,9 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 from cocotb.utils import get_sim_time
 
-__all__ = ["CLOCK_PERIOD_NS", "STALL_PROFILES", "start_clock", "reset_dut", "start_after_reset", "edge_now",
+from tb.codec import codec
+
+__all__ = ["CLOCK_PERIOD_NS", "STALL_PROFILES", "ProtocolError", "start_clock", "reset_dut", "start_after_reset", "edge_now",
            "StreamSource", "StreamSink", "StreamBench", "JobBench", "InOrderScoreboard",
            "wait_for", "check_in_order"]
 
@@ -29,7 +33,7 @@ STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.6), (0.7, 0.7)]
 
 def start_clock(dut):
     """Start the 10 ns clock on ``dut.clk``."""
-    cocotb.start_soon(Clock(dut.clk, CLOCK_PERIOD_NS, unit="ns").start())
+    Clock(dut.clk, CLOCK_PERIOD_NS, unit="ns", impl="gpi").start()
 
 
 def edge_now():
@@ -56,15 +60,33 @@ def _read_bits(handle):
     return handle.value.to_unsigned()
 
 
+def _read_bit(handle):
+    """A 1-bit handle's value as 0 or 1; X or Z raises ValueError (never read as 0)."""
+    value = handle.value
+    if hasattr(value, "to_unsigned"):
+        return value.to_unsigned()
+    if not value.is_resolvable:
+        raise ValueError(f"{handle._name} is {value}")
+    return int(value)
+
+
+class ProtocolError(AssertionError):
+    """An output stream broke the stream rules (a valid dropped or a payload changed before its
+    transfer, or X/Z on a handshake after reset)."""
+
+
 class _StreamEnd:
     """One end of a stream port: its three handles and the task that works them."""
 
     def __init__(self, dut, name, layout, rng):
+        self.name = name
         self._clk = dut.clk
+        self._rst = dut.rst
         self._valid = getattr(dut, f"{name}__valid")
         self._ready = getattr(dut, f"{name}__ready")
         self._payload = getattr(dut, f"{name}__payload")
         self._layout = layout
+        self._codec = codec(layout)
         self._rng = rng
         self._task = None
 
@@ -115,12 +137,21 @@ class StreamSource(_StreamEnd):
 
         ``not_before``: the beat is not offered before this edge (a memory model's arrival time).
         """
-        self._queue.append((self._layout.const(payload).as_bits(), not_before))
+        self._queue.append((self._codec.encode(payload), not_before))
 
     @property
     def idle(self):
         """Nothing queued and nothing on the port."""
         return not self._queue and not self._driving
+
+    def _ready_now(self):
+        # X/Z on ready outside reset fails loudly (ProtocolError) rather than reading as 0.
+        if _read_bit(self._rst):
+            return False
+        try:
+            return _read_bit(self._ready)
+        except ValueError:
+            raise ProtocolError(f"{self.name}__ready is {self._ready.value} after reset") from None
 
     def _go_idle(self):
         # What we drive is kept here: a write to a handle is applied later in the time step,
@@ -132,7 +163,7 @@ class StreamSource(_StreamEnd):
     async def _run(self):
         while True:
             await RisingEdge(self._clk)
-            if self._driving and self._ready.value:
+            if self._driving and self._ready_now():
                 self.sent_edges.append(edge_now())
                 self._queue.popleft()
                 self._driving = False
@@ -157,7 +188,7 @@ class StreamSink(_StreamEnd):
 
     Members
     -------
-    received : list of (int, amaranth.lib.data.Const)
+    received : list of (int, tb.codec.Fields)
         ``(edge, payload)`` of every transfer, in order.
     """
 
@@ -176,11 +207,34 @@ class StreamSink(_StreamEnd):
         self._ready.value = int(self._accepting)
 
     async def _run(self):
+        # The protocol check: once valid is high it stays high, with the same payload, until the
+        # transfer. ``held`` is the payload of a beat offered but not taken at the last edge.
         self._choose_ready()
+        held = None
         while True:
             await RisingEdge(self._clk)
-            if self._accepting and self._valid.value:
-                self.received.append((edge_now(), self._layout.from_bits(_read_bits(self._payload))))
+            if _read_bit(self._rst):
+                held = None                    # reset may drop a beat: the rules restart
+                self._choose_ready()
+                continue
+            try:
+                valid = _read_bit(self._valid)
+            except ValueError:
+                raise ProtocolError(f"{self.name}__valid is {self._valid.value} after reset") \
+                    from None
+            if valid:
+                bits = _read_bits(self._payload)
+                if held is not None and bits != held:
+                    raise ProtocolError(f"{self.name}: payload changed while valid and not ready "
+                                        f"(edge {edge_now()})")
+                if self._accepting:
+                    self.received.append((edge_now(), self._codec.decode(bits)))
+                    held = None
+                else:
+                    held = bits
+            elif held is not None:
+                raise ProtocolError(f"{self.name}: valid fell before the transfer (edge "
+                                    f"{edge_now()})")
             self._choose_ready()
 
 
