@@ -2,7 +2,8 @@
 
 bench: per configuration, the saturated-stream cocotb test (``test_throughput``) on Verilator
 and on Icarus in the same run (cycles, ideal cycles, utilization, simulated cycles per wall
-second), Yosys generic synthesis (cells, flip-flops, LUTs, cells per PE) and, for two-tier
+second), the same Verilog in a bare Verilator loop (:mod:`flows.bare`, the ceiling the bench's
+cycles per second are a fraction of), Yosys generic synthesis (cells, flip-flops, LUTs, cells per PE) and, for two-tier
 blocks, the switching activity per tier (bit flips per cycle from a VCD of the 3D build, a
 dynamic-power proxy); written to ``build/bench.json``. demo: per configuration, Verilog, the
 full cocotb suite on Verilator against the golden model, and synthesis, as one summary table.
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 from flows.activity import tier_activity
+from flows.bare import bare_cycles_per_second
 from flows.reports import model_reports, table
 from flows.sim import SimFailure, run_tests
 from flows.synth import SynthError, synthesize
@@ -59,6 +61,8 @@ def run_bench(output):
             result = run_tests(block, config, simulator, testcase=["test_throughput"], quiet=True,
                                optimize=True)
             record[simulator] = _throughput(result)
+        print(f"bench: {block.name} {label} bare Verilator loop (the ceiling)", flush=True)
+        record["bare_verilator_cycles_per_second"] = bare_cycles_per_second(block, config)
         print(f"bench: {block.name} {label} synthesis (yosys, generic)", flush=True)
         area = synthesize(block, config, "generic")
         record["synth_generic"] = {k: area[k] for k in ("cells", "flip_flops", "luts", "dsps")}
@@ -68,12 +72,15 @@ def run_bench(output):
             record["tier_activity"] = tier_activity(block, config)
         records.append(record)
         figures = record["verilator"]
+        bare = record["bare_verilator_cycles_per_second"]
         rows.append((block.name, label, _metrics_text(figures["metrics"]),
                      f"{figures['sim_cycles_per_second']:.0f}",
+                     f"{bare:.0f} ({figures['sim_cycles_per_second'] / bare:.3f})",
                      f"{record['icarus']['sim_cycles_per_second']:.0f}",
                      area["cells"], f"{area['cells'] / units:.0f}/{block.area_unit}"))
     print(table(["block", "params", "measured (cycle-exact)", "verilator cyc/s",
-                  "icarus cyc/s", "cells", "cells per unit"], rows))
+                  "bare verilator cyc/s (bench/bare)", "icarus cyc/s", "cells",
+                  "cells per unit"], rows))
     for record in records:
         if "tier_activity" in record:
             act = record["tier_activity"]

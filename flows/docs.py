@@ -54,8 +54,10 @@ def _figures_table(name, bench):
     for r in records:
         units = r.get(block.area_unit + "s", 1)
         area = r["synth_generic"]
+        bare = r.get("bare_verilator_cycles_per_second")
         rows.append((r["params"] or "defaults", _metric_text(r["verilator"]["metrics"]),
-                     f"{r['verilator']['sim_cycles_per_second']:,.0f}",
+                     f"{r['verilator']['sim_cycles_per_second']:,.0f}"
+                     + (f" of {bare:,.0f} bare" if bare else ""),
                      f"{r['icarus']['sim_cycles_per_second']:,.0f}",
                      f"{area['cells']:,}", f"{area['flip_flops']:,}", f"{area['luts']:,}",
                      f"{area['cells'] / units:,.0f} per {block.area_unit}"))

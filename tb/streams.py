@@ -20,15 +20,94 @@ from cocotb.utils import get_sim_time
 
 from tb.codec import codec
 
-__all__ = ["CLOCK_PERIOD_NS", "STALL_PROFILES", "ProtocolError", "start_clock", "reset_dut", "start_after_reset", "edge_now",
+__all__ = ["CLOCK_PERIOD_NS", "STALL_PROFILES", "LONG_BURSTS", "ProtocolError", "Pauses",
+           "RandomPauses", "BurstPauses", "PeriodicPauses", "pauses", "pause_fraction", "start_clock", "reset_dut", "start_after_reset", "edge_now",
            "StreamSource", "StreamSink", "StreamBench", "JobBench", "InOrderScoreboard",
            "wait_for", "check_in_order"]
 
 CLOCK_PERIOD_NS = 10
 
-# (valid-gap probability on every input, ready-stall probability on every output) of the
-# random-traffic tests of every block: none, gaps only, stalls only, and both heavy.
-STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.6), (0.7, 0.7)]
+# (valid gaps on every input, ready stalls on every output) of the random-traffic tests of
+# every block, as :func:`pauses` reads them: none; random gaps only; random stalls only; long
+# bursts of 10 to 150 cycles on every port (they fill every FIFO and back the pipelines up).
+LONG_BURSTS = ("burst", 0.02, 10, 150)
+STALL_PROFILES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.6), (LONG_BURSTS, LONG_BURSTS)]
+
+
+class Pauses:
+    """When a port pauses: a valid gap on a source, a ready stall on a sink. ``next()`` is
+    asked once per cycle in which the port could move and answers True to pause."""
+
+    def next(self):
+        raise NotImplementedError
+
+
+class RandomPauses(Pauses):
+    """Each cycle on its own: pause with ``probability``."""
+
+    def __init__(self, rng, probability):
+        self.rng, self.probability = rng, probability
+
+    def next(self):
+        return self.probability > 0 and self.rng.random() < self.probability
+
+
+class BurstPauses(Pauses):
+    """Long bursts: outside a burst, one starts with ``start_probability`` per cycle and lasts
+    a uniform ``lengths`` = (shortest, longest) cycles (tens to hundreds: long enough to fill
+    every FIFO of a block and back its pipeline up)."""
+
+    def __init__(self, rng, start_probability, lengths):
+        self.rng, self.start_probability, self.lengths = rng, start_probability, lengths
+        self._left = 0
+
+    def next(self):
+        if self._left == 0 and self.rng.random() < self.start_probability:
+            self._left = self.rng.randint(*self.lengths)
+        if self._left:
+            self._left -= 1
+            return True
+        return False
+
+
+class PeriodicPauses(Pauses):
+    """``length`` paused cycles every ``period`` cycles."""
+
+    def __init__(self, period, length):
+        self.period, self.length, self._cycle = period, length, 0
+
+    def next(self):
+        self._cycle = (self._cycle + 1) % self.period
+        return self._cycle < self.length
+
+
+def pause_fraction(spec):
+    """The long-run fraction of cycles a pause spec (as :func:`pauses` reads it) pauses, for
+    sizing a test's cycle budget."""
+    if isinstance(spec, (int, float)):
+        return float(spec)
+    kind, *args = spec
+    if kind == "burst":
+        mean = args[0] * (args[1] + args[2]) / 2
+        return mean / (1 + mean)
+    return args[1] / args[0]
+
+
+def pauses(spec, rng):
+    """The :class:`Pauses` a profile entry names: a probability (random pauses), ``("burst",
+    start_probability, shortest, longest)``, ``("periodic", period, length)`` or a
+    :class:`Pauses` itself."""
+    if isinstance(spec, Pauses):
+        return spec
+    if isinstance(spec, (int, float)):
+        return RandomPauses(rng, float(spec))
+    kind, *args = spec
+    if kind == "burst":
+        return BurstPauses(rng, args[0], (args[1], args[2]))
+    if kind == "periodic":
+        return PeriodicPauses(*args)
+    raise ValueError(f"pause profile {spec!r}: unknown; allowed: a probability, "
+                     "('burst', p, shortest, longest) or ('periodic', period, length)")
 
 
 def start_clock(dut):
@@ -115,8 +194,9 @@ class StreamSource(_StreamEnd):
         The port's payload layout.
     rng : random.Random
         Seeded generator for the gaps.
-    gap_probability : float
-        Chance, on each cycle a new beat could start, that ``valid`` stays low instead.
+    gap_probability : float or pause spec
+        When ``valid`` stays low on a cycle a new beat could start (:func:`pauses`: a
+        probability, random bursts or periodic gaps).
 
     Members
     -------
@@ -126,7 +206,7 @@ class StreamSource(_StreamEnd):
 
     def __init__(self, dut, name, layout, rng, gap_probability=0.0):
         super().__init__(dut, name, layout, rng)
-        self.gap_probability = gap_probability
+        self._gaps = pauses(gap_probability, rng)
         self._queue = collections.deque()
         self.sent_edges = []
         self._go_idle()
@@ -170,7 +250,7 @@ class StreamSource(_StreamEnd):
             if self._driving:
                 continue  # valid stays high with a stable payload until the transfer
             if (self._queue and edge_now() >= self._queue[0][1]
-                    and self._rng.random() >= self.gap_probability):
+                    and not self._gaps.next()):
                 self._payload.value = self._queue[0][0]
                 self._driving = True
             self._valid.value = int(self._driving)
@@ -183,8 +263,8 @@ class StreamSink(_StreamEnd):
     ----------
     dut, name, layout, rng
         As for :class:`StreamSource`.
-    stall_probability : float
-        Chance that ``ready`` is low on a cycle.
+    stall_probability : float or pause spec
+        When ``ready`` is low (:func:`pauses`).
 
     Members
     -------
@@ -194,7 +274,7 @@ class StreamSink(_StreamEnd):
 
     def __init__(self, dut, name, layout, rng, stall_probability=0.0):
         super().__init__(dut, name, layout, rng)
-        self.stall_probability = stall_probability
+        self._stalls = pauses(stall_probability, rng)
         self.received = []
         self._go_idle()
 
@@ -203,7 +283,7 @@ class StreamSink(_StreamEnd):
         self._ready.value = 0
 
     def _choose_ready(self):
-        self._accepting = self._rng.random() >= self.stall_probability
+        self._accepting = not self._stalls.next()
         self._ready.value = int(self._accepting)
 
     async def _run(self):

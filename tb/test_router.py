@@ -42,7 +42,8 @@ class RouterBench:
         for expert, leaf in enumerate(table):
             self.table.send({"expert": expert, "leaf": leaf})
         self.leaf_of = list(table)
-        await wait_for(self.dut, lambda: self.table.idle, 10 * len(table) + 20, "table written")
+        # Room for a long burst of gaps (tb.streams.LONG_BURSTS) on the table port.
+        await wait_for(self.dut, lambda: self.table.idle, 10 * len(table) + 400, "table written")
 
     def random_scores(self, tie_heavy=False):
         top = (1 << self.cfg.score_width) - 1

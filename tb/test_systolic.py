@@ -14,7 +14,7 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from golden import fixed
 from golden import systolic as golden
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import STALL_PROFILES, InOrderScoreboard, StreamSink, StreamSource, reset_dut, start_clock, wait_for
+from tb.streams import STALL_PROFILES, pause_fraction, InOrderScoreboard, StreamSink, StreamSource, reset_dut, start_clock, wait_for
 
 
 
@@ -129,7 +129,7 @@ async def _setup(dut, salt, gap=0.0, stall=0.0):
 
 
 def _budget(beats, gap=0.0, stall=0.0):
-    slowdown = 1.0 / ((1.0 - gap) * (1.0 - stall))
+    slowdown = 1.0 / ((1.0 - pause_fraction(gap)) * (1.0 - pause_fraction(stall)))
     return int(beats * slowdown * 4) + 500
 
 
