@@ -42,13 +42,18 @@ int main(int argc, char** argv) {{
 """
 
 
+def _member(port_name):
+    # Verilator escapes a double underscore in a port name as "___05F" in the C++ model.
+    return port_name.replace("__", "___05F")
+
+
 def _main_cpp(ports):
     drive, payload = [], []
     for port in ports:
-        name, width = port["name"], port["width"]
+        name, width = _member(port["name"]), port["width"]
         if port["direction"] != "in" or name in ("clk", "rst"):
             continue
-        if name.endswith("__valid") or name.endswith("__ready"):
+        if port["name"].endswith(("__valid", "__ready")):
             drive.append(f"    top.{name} = 1;")
         elif width > 64:
             words = (width + 31) // 32
