@@ -21,8 +21,9 @@ from cocotb.utils import get_sim_time
 from tb.codec import codec
 
 __all__ = ["CLOCK_PERIOD_NS", "STALL_PROFILES", "LONG_BURSTS", "ProtocolError", "Pauses",
-           "RandomPauses", "BurstPauses", "PeriodicPauses", "pauses", "pause_fraction", "start_clock", "reset_dut", "start_after_reset", "edge_now",
-           "StreamSource", "StreamSink", "StreamBench", "JobBench", "InOrderScoreboard",
+           "RandomPauses", "BurstPauses", "PeriodicPauses", "pauses", "pause_fraction",
+           "start_clock", "reset_dut", "start_after_reset", "edge_now", "StreamSource",
+           "StreamMonitor", "StreamSink", "StreamBench", "JobBench", "InOrderScoreboard",
            "wait_for", "check_in_order"]
 
 CLOCK_PERIOD_NS = 10
@@ -256,15 +257,19 @@ class StreamSource(_StreamEnd):
             self._valid.value = int(self._driving)
 
 
-class StreamSink(_StreamEnd):
-    """Accepts a stream port with seeded random ``ready`` stalls and records every transfer.
+class StreamMonitor(_StreamEnd):
+    """Watches a stream port without driving it: records every transfer and checks the stream
+    rules on it (a protocol checker): once ``valid`` is high it stays high, with the same
+    payload, until the transfer; no X or Z on ``valid`` or ``ready`` after reset. A violation
+    raises :class:`ProtocolError` and fails the test. Reset restarts the rules (a reset may
+    drop a beat).
 
     Parameters
     ----------
-    dut, name, layout, rng
+    dut, name, layout
         As for :class:`StreamSource`.
-    stall_probability : float or pause spec
-        When ``ready`` is low (:func:`pauses`).
+    rng : random.Random, optional
+        Unused by a monitor (a :class:`StreamSink` draws its stalls from it).
 
     Members
     -------
@@ -272,49 +277,82 @@ class StreamSink(_StreamEnd):
         ``(edge, payload)`` of every transfer, in order.
     """
 
+    def __init__(self, dut, name, layout, rng=None):
+        super().__init__(dut, name, layout, rng)
+        self.received = []
+        self._held = None       # payload of a beat offered but not taken at the last edge
+
+    def _go_idle(self):
+        self._held = None
+
+    def _ready_at_edge(self):
+        return self._handshake(self._ready)
+
+    def _handshake(self, handle):
+        try:
+            return _read_bit(handle)
+        except ValueError:
+            raise ProtocolError(f"{handle._name} is {handle.value} after reset") from None
+
+    def _observe(self):
+        """Sample the port at the edge just passed (pre-edge values)."""
+        if _read_bit(self._rst):
+            self._held = None
+            return
+        if self._handshake(self._valid):
+            bits = _read_bits(self._payload)
+            if self._held is not None and bits != self._held:
+                raise ProtocolError(f"{self.name}: payload changed while valid and not ready "
+                                    f"(edge {edge_now()})")
+            if self._ready_at_edge():
+                self.received.append((edge_now(), self._codec.decode(bits)))
+                self._held = None
+            else:
+                self._held = bits
+        elif self._held is not None:
+            raise ProtocolError(f"{self.name}: valid fell before the transfer (edge "
+                                f"{edge_now()})")
+
+    async def _run(self):
+        while True:
+            await RisingEdge(self._clk)
+            self._observe()
+
+
+class StreamSink(StreamMonitor):
+    """A :class:`StreamMonitor` that also drives ``ready``, with seeded stalls.
+
+    Parameters
+    ----------
+    dut, name, layout, rng
+        As for :class:`StreamSource`.
+    stall_probability : float or pause spec
+        When ``ready`` is low (:func:`pauses`).
+    """
+
     def __init__(self, dut, name, layout, rng, stall_probability=0.0):
         super().__init__(dut, name, layout, rng)
         self._stalls = pauses(stall_probability, rng)
-        self.received = []
         self._go_idle()
 
     def _go_idle(self):
+        super()._go_idle()
         self._accepting = False
         self._ready.value = 0
+
+    def _ready_at_edge(self):
+        # What we drove before the edge (reading the handle back would race the write).
+        return self._accepting
 
     def _choose_ready(self):
         self._accepting = not self._stalls.next()
         self._ready.value = int(self._accepting)
 
     async def _run(self):
-        # The protocol check: once valid is high it stays high, with the same payload, until the
-        # transfer. ``held`` is the payload of a beat offered but not taken at the last edge.
         self._choose_ready()
-        held = None
         while True:
             await RisingEdge(self._clk)
-            if _read_bit(self._rst):
-                held = None                    # reset may drop a beat: the rules restart
-                self._choose_ready()
-                continue
-            try:
-                valid = _read_bit(self._valid)
-            except ValueError:
-                raise ProtocolError(f"{self.name}__valid is {self._valid.value} after reset") \
-                    from None
-            if valid:
-                bits = _read_bits(self._payload)
-                if held is not None and bits != held:
-                    raise ProtocolError(f"{self.name}: payload changed while valid and not ready "
-                                        f"(edge {edge_now()})")
-                if self._accepting:
-                    self.received.append((edge_now(), self._codec.decode(bits)))
-                    held = None
-                else:
-                    held = bits
-            elif held is not None:
-                raise ProtocolError(f"{self.name}: valid fell before the transfer (edge "
-                                    f"{edge_now()})")
+            self._observe()
             self._choose_ready()
 
 

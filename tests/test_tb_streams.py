@@ -1,0 +1,99 @@
+"""tb.streams outside a simulator: the protocol checker's rules and the pause generators."""
+
+import random
+
+import pytest
+from amaranth.lib import data
+
+import tb.streams as streams
+from tb.streams import (BurstPauses, PeriodicPauses, ProtocolError, StreamMonitor,
+                        pause_fraction, pauses)
+
+
+class _Value:
+    def __init__(self, bits):
+        self.bits = bits
+
+    def to_unsigned(self):
+        if self.bits is None:
+            raise ValueError("X")
+        return self.bits
+
+    def __str__(self):
+        return "x" if self.bits is None else str(self.bits)
+
+
+class _Handle:
+    def __init__(self, name):
+        self._name, self.value = name, _Value(0)
+
+
+class _Dut:
+    def __init__(self):
+        for name in ("clk", "rst", "p__valid", "p__ready", "p__payload"):
+            setattr(self, name, _Handle(name))
+
+
+LAYOUT = data.StructLayout({"data": 8, "last": 1})
+
+
+def _watch(monkeypatch, cycles):
+    """Feed ``(rst, valid, ready, payload)`` per edge to a monitor; return it."""
+    dut = _Dut()
+    monitor = StreamMonitor(dut, "p", LAYOUT)
+    for edge, (rst, valid, ready, payload) in enumerate(cycles):
+        monkeypatch.setattr(streams, "edge_now", lambda edge=edge: edge)
+        dut.rst.value, dut.p__valid.value = _Value(rst), _Value(valid)
+        dut.p__ready.value, dut.p__payload.value = _Value(ready), _Value(payload)
+        monitor._observe()
+    return monitor
+
+
+def test_monitor_records_transfers_at_their_edges(monkeypatch):
+    monitor = _watch(monkeypatch, [(0, 1, 0, 5), (0, 1, 0, 5), (0, 1, 1, 5), (0, 0, 1, 9),
+                                   (0, 1, 1, 256 + 7)])
+    assert [(edge, beat.data, beat.last) for edge, beat in monitor.received] == \
+        [(2, 5, 0), (4, 7, 1)]
+
+
+@pytest.mark.parametrize("cycles, message", [
+    ([(0, 1, 0, 5), (0, 1, 1, 6)], "payload changed while valid and not ready"),
+    ([(0, 1, 0, 5), (0, 0, 1, 5)], "valid fell before the transfer"),
+    ([(0, None, 1, 0)], "p__valid is x after reset"),
+    ([(0, 1, None, 0)], "p__ready is x after reset"),
+])
+def test_monitor_rejects_protocol_violations(monkeypatch, cycles, message):
+    with pytest.raises(ProtocolError, match=message):
+        _watch(monkeypatch, cycles)
+
+
+def test_reset_restarts_the_rules(monkeypatch):
+    # A beat held when reset rises may vanish; X during reset is not checked.
+    monitor = _watch(monkeypatch, [(0, 1, 0, 5), (1, None, None, 0), (0, 0, 1, 0),
+                                   (0, 1, 1, 3)])
+    assert [edge for edge, _ in monitor.received] == [3]
+
+
+def test_burst_pauses_come_in_bursts_of_the_given_lengths():
+    gen = BurstPauses(random.Random(1), 0.02, (10, 150))
+    runs, current = [], 0
+    for _ in range(200000):
+        if gen.next():
+            current += 1
+        elif current:
+            runs.append(current)
+            current = 0
+    assert runs and min(runs) >= 10 and max(runs) <= 300       # back-to-back bursts may join
+    fraction = sum(runs) / 200000
+    assert abs(fraction - pause_fraction(("burst", 0.02, 10, 150))) < 0.05
+
+
+def test_periodic_and_random_pauses():
+    periodic = PeriodicPauses(10, 3)
+    assert sum(periodic.next() for _ in range(1000)) == 300
+    assert pause_fraction(("periodic", 10, 3)) == 0.3
+    rand = pauses(0.25, random.Random(2))
+    assert abs(sum(rand.next() for _ in range(20000)) / 20000 - 0.25) < 0.02
+    assert not any(pauses(0.0, random.Random(3)).next() for _ in range(100))
+    with pytest.raises(ValueError):
+        pauses(("sometimes", 1), random.Random(4))
