@@ -15,7 +15,7 @@ from pathlib import Path
 
 from flows import toolchain
 from flows.threed import generate_3d
-from flows.verilog import config_key, generate
+from flows.verilog import config_key, generate, write_if_changed
 
 __all__ = ["SIMULATORS", "SimResult", "run_tests", "SimFailure"]
 
@@ -88,10 +88,7 @@ def _public_ports(path, module, ports):
     """A Verilator config file making the ports of ``module`` (and nothing else) public."""
     lines = ["`verilator_config"] + [f'public_flat_rw -module "{module}" -var "{port}"'
                                      for port in ports]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = "\n".join(lines) + "\n"
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
+    write_if_changed(path, "\n".join(lines) + "\n")
     return path
 
 

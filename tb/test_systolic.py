@@ -18,12 +18,8 @@ from tb.streams import STALL_PROFILES, pause_fraction, InOrderScoreboard, Stream
 
 
 
-def _lane_range(width):
-    return fixed.signed_limits(width)
-
-
 def _random_matrix(rng, shape, width, extremes=False):
-    lo, hi = _lane_range(width)
+    lo, hi = fixed.signed_limits(width)
     values = (lo, hi, 0, -1, 1) if extremes else None
     return [[rng.choice(values) if extremes else rng.randint(lo, hi) for _ in range(shape[1])]
             for _ in range(shape[0])]
@@ -196,7 +192,7 @@ async def test_extremes(dut):
     """Most negative x most negative, max x min, long sums that wrap at acc_width."""
     bench = await _setup(dut, "extremes", 0.3, 0.3)
     cfg = bench.cfg
-    lo, hi = _lane_range(cfg.in_width)
+    lo, hi = fixed.signed_limits(cfg.in_width)
     long_depth = 3 * cfg.rows + 7
     if isinstance(bench, OSBench):
         for depth, fill in ((cfg.rows, (lo, lo)), (1, (lo, lo)), (long_depth, (lo, lo)),
