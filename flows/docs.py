@@ -45,6 +45,13 @@ def _metric_text(metrics):
                      for k, v in metrics.items())
 
 
+def _speed(record, simulator):
+    text = f"{record[simulator]['sim_cycles_per_second']:,.0f}"
+    if f"{simulator}_buffered" in record:
+        text += f" | {record[simulator + '_buffered']['sim_cycles_per_second']:,.0f}"
+    return text
+
+
 def _figures_table(name, bench):
     records = [r for r in bench.get("results", []) if r["block"] == name]
     if not records:
@@ -56,15 +63,15 @@ def _figures_table(name, bench):
         area = r["synth_generic"]
         bare = r.get("bare_verilator_cycles_per_second")
         rows.append((r["params"] or "defaults", _metric_text(r["verilator"]["metrics"]),
-                     f"{r['verilator']['sim_cycles_per_second']:,.0f}"
-                     + (f" of {bare:,.0f} bare" if bare else ""),
-                     f"{r['icarus']['sim_cycles_per_second']:,.0f}",
+                     _speed(r, "verilator") + (f" of {bare:,.0f} bare" if bare else ""),
+                     _speed(r, "icarus"),
                      f"{area['cells']:,}", f"{area['flip_flops']:,}", f"{area['luts']:,}",
                      f"{area['cells'] / units:,.0f} per {block.area_unit}"))
     note = (f"From `make bench` of {bench.get('generated', '?')} (docs/bench.json): figures "
             "measured by `test_throughput` on Verilator and asserted against the golden cycle "
             "model; simulated cycles per wall-clock second on both simulators (noisy: compare "
-            "within one run); Yosys generic synthesis (`synth -lut 4`).\n\n")
+            "within one run; after a `|`, `test_buffered_throughput` on the buffered harness, "
+            "`tb/buffered.py`); Yosys generic synthesis (`synth -lut 4`).\n\n")
     text = note + _md_table(["params", "measured (cycle-exact)", "Verilator cycles/s",
                              "Icarus cycles/s", "cells", "flip-flops", "LUTs", "cells per unit"],
                             rows)

@@ -8,16 +8,24 @@ configuration; later runs reuse it while the Verilog is unchanged (a stamp holds
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from flows import toolchain
 from flows.threed import generate_3d
-from flows.verilog import config_key, generate, write_if_changed
+from flows.verilog import config_key, convert, generate, port_list, write_if_changed
 
-__all__ = ["SIMULATORS", "SimResult", "run_tests", "SimFailure"]
+__all__ = ["SIMULATORS", "BUFFERED_PREFIX", "SimResult", "run_tests", "buffered_tests",
+           "SimFailure"]
+
+# Tests named test_buffered_* run on the buffered harness (tb.buffered: the block inside module
+# BLOCK_buffered with simulator-side stimulus and response buffers); every other test runs on the
+# block itself. run_tests builds and runs each kind on its own model.
+BUFFERED_PREFIX = "test_buffered_"
 
 SIMULATORS = ("icarus", "verilator")
 TIMESCALE = ("1ns", "1ps")
@@ -92,6 +100,15 @@ def _public_ports(path, module, ports):
     return path
 
 
+def buffered_tests(block):
+    """Names of the block's tests that run on the buffered harness (``test_buffered_*`` in its
+    test module, read from the source: importing a bench outside a simulator run would
+    elaborate nothing useful and costs the imports of the whole bench)."""
+    spec = importlib.util.find_spec(block.tb_module)
+    text = Path(spec.origin).read_text()
+    return re.findall(rf"^async def ({BUFFERED_PREFIX}\w+)", text, flags=re.MULTILINE)
+
+
 def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234, quiet=False,
               three_d=False, optimize=False):
     """Build ``block`` with ``config`` and run its cocotb tests on ``simulator``.
@@ -125,15 +142,46 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
     ------
     SimFailure
         When any test failed or none ran.
+
+    Tests named ``test_buffered_*`` run on the buffered harness (``BLOCK_buffered``, its own
+    model); the others on the block (or ``BLOCK_equiv`` under ``three_d``, where buffered tests
+    are not run). The result adds the runs up; its ``results_xml`` is the last run's.
     """
+    if simulator not in SIMULATORS:
+        raise ValueError(f"simulator {simulator!r}: unknown; allowed: {', '.join(SIMULATORS)}")
+    buffered = [] if three_d else buffered_tests(block)
+    if testcase is None:
+        runs = [("direct", None)] + ([("buffered", buffered)] if buffered else [])
+        label = "all"
+    else:
+        chosen = [name for name in testcase if name.startswith(BUFFERED_PREFIX)]
+        direct = [name for name in testcase if not name.startswith(BUFFERED_PREFIX)]
+        runs = ([("direct", direct)] if direct else []) + ([("buffered", chosen)] if chosen
+                                                           else [])
+        label = ",".join(testcase)
+    results = [_run_one(block, config, simulator, harness, names, label, waves=waves, seed=seed,
+                        quiet=quiet, three_d=three_d, optimize=optimize,
+                        exclude=buffered if harness == "direct" else ())
+               for harness, names in runs]
+    last = results[-1]
+    return SimResult(block.name, simulator, sum(r.tests for r in results),
+                     sum(r.failed for r in results), last.results_xml,
+                     next((r.waves for r in results if r.waves), None),
+                     sum(r.build_seconds for r in results), sum(r.test_seconds for r in results))
+
+
+def _run_one(block, config, simulator, harness, testcase, label, *, waves, seed, quiet, three_d,
+             optimize, exclude):
+    """One build and run: ``harness`` "direct" (the block, every test but ``exclude``) or
+    "buffered" (``BLOCK_buffered``, the ``testcase`` names)."""
     from cocotb_tools.runner import get_runner
     from cocotb_tools.check_results import get_results
 
-    if simulator not in SIMULATORS:
-        raise ValueError(f"simulator {simulator!r}: unknown; allowed: {', '.join(SIMULATORS)}")
     toolchain.activate()
     root = toolchain.BUILD_ROOT / "sim" / f"{block.name}-{config_key(block, config)}"
-    build_dir = root / (simulator + ("-3d" if three_d else "") + ("-waves" if waves else "")
+    build_dir = root / (simulator + ("-3d" if three_d else "") + ("-buffered" if harness ==
+                                                                   "buffered" else "")
+                        + ("-waves" if waves else "")
                         + ("-opt" if optimize and simulator == "verilator" else ""))
     runner = get_runner(simulator)
     toplevel = block.name
@@ -146,6 +194,13 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
             sources = [built3d[k] for k in ("2d", "top", "bottom", "3d", "equiv")]
             toplevel = f"{block.name}_equiv"
             ports.append("mismatch")
+        if harness == "buffered":
+            from tb.buffered import BufferedHarness
+            wrapper = BufferedHarness(block.build(config))
+            toplevel = f"{block.name}_buffered"
+            sources = [root / "rtl" / f"{toplevel}.v"]
+            write_if_changed(sources[0], convert(wrapper, toplevel))
+            ports = [port["name"] for port in port_list(wrapper)]
         build_args = []
         if simulator == "verilator":
             build_args = VERILATOR_ARGS + (VERILATOR_PRIVATE if not waves else [])
@@ -162,7 +217,12 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
                              log_file=build_dir / "build.log" if quiet else None)
             stamp.write_text(digest)
         built = time.monotonic()
-    test_dir = build_dir / "run" / (",".join(testcase) if testcase else "all")
+    test_dir = build_dir / "run" / label
+    # A regex on "module.test_name[/parameters]": the tests named (parametrized ones included),
+    # or every test but the excluded (buffered) ones.
+    names = "|".join(re.escape(name) for name in (testcase or exclude))
+    test_filter = (rf"\.({names})(/|$)" if testcase else
+                   rf"^(?!.*\.({names})(/|$))" if exclude else None)
     test_dir.mkdir(parents=True, exist_ok=True)
     plusargs = [f"+moegen_manifest={m_path}"]
     if waves and simulator == "icarus":
@@ -171,7 +231,7 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
     results = runner.test(test_module=block.tb_module, hdl_toplevel_lang="verilog",
                           hdl_toplevel=toplevel, build_dir=build_dir, test_dir=test_dir,
                           plusargs=plusargs, timescale=TIMESCALE,
-                          waves=waves, seed=seed, testcase=testcase,
+                          waves=waves, seed=seed, test_filter=test_filter,
                           results_xml=str(test_dir / "results.xml"),
                           log_file=test_dir / "sim.log" if quiet else None)
     done = time.monotonic()

@@ -434,29 +434,42 @@ def check_in_order(got, expected, what):
 
 
 class InOrderScoreboard:
-    """Compares received beats, in order, against expected ones; reports the first mismatch.
+    """The one in-order scoreboard: expected payloads, in order, against what a sink received
+    (a :class:`StreamSink` or a buffered sink), compared as payload bits; the first difference
+    is reported decoded.
 
     Parameters
     ----------
     name : str
         Used in failure messages.
+    layout : amaranth.lib.data.Layout
+        The stream's payload layout.
     """
 
-    def __init__(self, name):
+    def __init__(self, name, layout):
         self.name = name
+        self.codec = codec(layout)
         self.expected = []
 
-    def expect(self, data, last):
-        """Append one expected beat: a sequence of lane values and the ``last`` flag."""
-        self.expected.append(([int(x) for x in data], int(last)))
+    def expect_payload(self, payload):
+        """Append one expected beat (a dict for the layout)."""
+        self.expected.append(self.codec.encode(payload))
 
-    def check(self, received):
-        """Assert ``received`` (from :class:`StreamSink`) equals the expected beats exactly."""
-        got = [([int(x) for x in beat.data], int(beat.last)) for _, beat in received]
+    def expect(self, data, last):
+        """Append one expected beat of a ``{data, last}`` layout."""
+        self.expect_payload({"data": [int(x) for x in data], "last": int(last)})
+
+    def check(self, sink):
+        """Assert the beats ``sink`` received equal the expected ones exactly, in order."""
+        if hasattr(sink, "received_bits"):
+            got = [bits for _, bits in sink.received_bits]
+        else:
+            got = [self.codec.encode(payload) for _, payload in sink.received]
         assert len(got) == len(self.expected), (
             f"{self.name}: received {len(got)} beats, expected {len(self.expected)}")
         for index, (have, want) in enumerate(zip(got, self.expected)):
-            assert have == want, f"{self.name}: beat {index}: got {have}, expected {want}"
+            assert have == want, (f"{self.name}: beat {index}: got {self.codec.decode(have)}, "
+                                  f"expected {self.codec.decode(want)}")
 
 
 async def wait_for(dut, condition, max_cycles, what):

@@ -13,9 +13,10 @@ from cocotb.triggers import ClockCycles, RisingEdge
 
 from golden import fixed
 from golden import systolic as golden
+from tb.buffered import BufferedBench
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import STALL_PROFILES, pause_fraction, InOrderScoreboard, StreamSink, StreamSource, reset_dut, start_clock, wait_for
-
+from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamSink,
+                        StreamSource, edge_now, pause_fraction, reset_dut, start_clock, wait_for)
 
 
 def _random_matrix(rng, shape, width, extremes=False):
@@ -28,34 +29,57 @@ def _random_matrix(rng, shape, width, extremes=False):
 class _Bench:
     """Common driving and checking; subclasses define the ports and the job format."""
 
-    def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
+    def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0, buffered=False):
         self.dut, self.cfg, self.rng = dut, config, rng
         self.component = component
-        self.sources = {name: StreamSource(dut, name, getattr(component, name).payload.shape(),
-                                           rng, gap) for name in self.input_ports}
-        self.sink = StreamSink(dut, "c", component.c.payload.shape(), rng, stall)
-        self.board = InOrderScoreboard("c")
+        # buffered: the DUT is BLOCK_buffered (tb.buffered), Python wakes once per window.
+        self.buffered = BufferedBench(dut, component, rng, gap, stall) if buffered else None
+        if buffered:
+            self.sources, self.sink = self.buffered.sources, self.buffered.sinks["c"]
+        else:
+            self.sources = {name: StreamSource(dut, name,
+                                               getattr(component, name).payload.shape(), rng,
+                                               gap) for name in self.input_ports}
+            self.sink = StreamSink(dut, "c", component.c.payload.shape(), rng, stall)
+        self.board = InOrderScoreboard("c", component.c.payload.shape())
+
+    def _ports(self):
+        return [self.buffered] if self.buffered else [*self.sources.values(), self.sink]
 
     def start(self):
-        for source in self.sources.values():
-            source.start()
-        self.sink.start()
+        for port in self._ports():
+            port.start()
 
     def stop(self):
-        for source in self.sources.values():
-            source.stop()
-        self.sink.stop()
+        for port in self._ports():
+            port.stop()
 
     def _expect_rows(self, rows, last_on_final=True):
         for index, row in enumerate(rows):
-            self.board.expect(row, last_on_final and index == len(rows) - 1)
+            last = last_on_final and index == len(rows) - 1
+            if self.buffered:       # compared in the harness, beat by beat
+                self.sink.expect({"data": row, "last": int(last)})
+            else:
+                self.board.expect(row, last)
+
+    def output_edges(self):
+        """Edge of every transfer on c."""
+        if self.buffered:
+            return self.sink.received_edges
+        return [edge for edge, _ in self.sink.received]
 
     async def finish(self, max_cycles):
-        await wait_for(self.dut, lambda: len(self.sink.received) >= len(self.board.expected),
-                       max_cycles, f"{len(self.board.expected)} output beats")
+        def done():
+            return len(self.sink.received) >= len(self.board.expected)
+        what = f"{len(self.board.expected)} output beats"
         # A few more cycles: nothing extra (duplicated) may come out.
-        await ClockCycles(self.dut.clk, 3 * (self.cfg.rows + self.cfg.cols) + 10)
-        self.board.check(self.sink.received)
+        extra = 3 * (self.cfg.rows + self.cfg.cols) + 10
+        if self.buffered:
+            await self.buffered.finish(max_cycles, extra)
+        else:
+            await wait_for(self.dut, done, max_cycles, what)
+            await ClockCycles(self.dut.clk, extra)
+            self.board.check(self.sink)
 
 
 class OSBench(_Bench):
@@ -114,12 +138,12 @@ class WSBench(_Bench):
         self.send_block(*self.random_block(length))
 
 
-async def _setup(dut, salt, gap=0.0, stall=0.0):
+async def _setup(dut, salt, gap=0.0, stall=0.0, buffered=False):
     _, config, component = load_dut_config()
     rng = make_rng(salt)
     start_clock(dut)
     bench_cls = WSBench if getattr(config, "dataflow", "os") == "ws" else OSBench
-    bench = bench_cls(dut, config, component, rng, gap, stall)
+    bench = bench_cls(dut, config, component, rng, gap, stall, buffered)
     await reset_dut(dut)
     return bench
 
@@ -254,23 +278,20 @@ async def test_protocol_misuse_sets_error(dut):
     assert dut.error.value == 0, "reset does not clear error"
 
 
-@cocotb.test()
-async def test_throughput(dut):
+async def _saturated(dut, buffered, jobs):
     """Saturated streams: cycles against the ideal, asserted against the golden schedule.
 
     Writes ``throughput.json`` (cycles, ideal cycles, utilization, simulated cycles per wall
     second) in the run folder for ``make bench``.
     """
-    bench = await _setup(dut, "throughput")
+    bench = await _setup(dut, "throughput", buffered=buffered)
     cfg = bench.cfg
-    jobs = 32
     if isinstance(bench, OSBench):
         depths = [cfg.rows] * jobs
         for depth in depths:
             bench.send_random_job(depth)
         macs_per_pe = sum(depths)
         _, want_out = bench.model().schedule(depths)
-        first_port = "a"
     else:
         lengths = [max(cfg.rows, 8)] * jobs
         for length in lengths:
@@ -278,21 +299,85 @@ async def test_throughput(dut):
         macs_per_pe = sum(lengths)
         w_edges, a_edges, want_out = golden.WSCycleModel(cfg.rows, cfg.cols).schedule(lengths)
         want_out = [e - a_edges[0] for e in want_out]
-        first_port = "a"
     started = time.perf_counter()
+    start_edge = edge_now()
     bench.start()
     await bench.finish(_budget(macs_per_pe + jobs * cfg.rows))
     wall = time.perf_counter() - started
-    first_in = bench.sources[first_port].sent_edges[0]
-    out_edges = [e - first_in for e, _ in bench.sink.received]
+    sim_cycles = edge_now() - start_edge
+    first_in = bench.sources["a"].sent_edges[0]
+    out_edges = [e - first_in for e in bench.output_edges()]
     assert out_edges == want_out
     # Every PE does one MAC per beat, so the ideal is one cycle per beat.
     cycles = out_edges[-1] + 1
-    sim_cycles = cycles + 3 * (cfg.rows + cfg.cols) + 10
     metrics = {"cycles": cycles, "ideal": macs_per_pe,
                "utilization": round(macs_per_pe / cycles, 4),
                # Jobs of K = R (OS) or one output per beat (WS): one output row per cycle is
                # full use of the PEs once the pipeline is filled.
                "steady": round((len(out_edges) - 1) / (out_edges[-1] - out_edges[0]), 4)}
-    write_throughput(metrics, "32 jobs, utilization = MACs/(PEs*cycles)", sim_cycles / wall,
+    write_throughput(metrics, f"{jobs} jobs, utilization = MACs/(PEs*cycles)",
+                     sim_cycles / wall, simulated_cycles=sim_cycles,
+                     harness="buffered" if buffered else "per-cycle",
                      macs=macs_per_pe * cfg.rows * cfg.cols * getattr(cfg, "arrays", 1))
+
+
+@cocotb.test()
+async def test_throughput(dut):
+    """32 saturated jobs on the per-cycle bench (tb.streams): cycle-exact, and its speed."""
+    await _saturated(dut, buffered=False, jobs=32)
+
+
+@cocotb.test()
+async def test_buffered_throughput(dut):
+    """The same saturated jobs on the buffered harness (tb.buffered, module BLOCK_buffered),
+    enough of them for 10k cycles (long enough to time): cycle-exact against the same golden
+    schedule, and the simulated cycles per second that `make bench` reports."""
+    _, config, _ = load_dut_config()
+    beats_per_job = max(config.rows, 8) if getattr(config, "dataflow", "os") == "ws" \
+        else config.rows
+    await _saturated(dut, buffered=True, jobs=-(-10_000 // beats_per_job))
+
+
+@cocotb.test()
+@cocotb.parametrize((("gap", "stall"), STALL_PROFILES))
+async def test_buffered_random_stalls(dut, gap, stall):
+    """test_random_stalls on the buffered harness: its pause masks give the same kinds of valid
+    gaps and ready stalls, and its comparators check every beat in order."""
+    bench = await _setup(dut, f"buffered-stalls:{gap}:{stall}", gap, stall, buffered=True)
+    beats = 0
+    for _ in range(40):
+        size = bench.rng.randint(1, 2 * bench.cfg.rows + 2)
+        bench.send_random_job(size)
+        beats += size + bench.cfg.rows
+    bench.start()
+    await bench.finish(_budget(beats, gap, stall))
+
+
+@cocotb.test()
+async def test_buffered_harness_catches_defects(dut):
+    """The buffered harness fails a run whose output differs from the expected beats: one
+    wrong payload (named by beat number), one beat too many, one beat missing."""
+    for defect in ("wrong", "extra", "missing"):
+        bench = await _setup(dut, f"defect:{defect}", buffered=True)
+        bench.stop()
+        queue = bench.sink._queue
+        while len(queue) < 6:
+            bench.send_random_job(bench.cfg.rows)
+        if defect == "wrong":
+            queue[4] ^= 1                       # the golden beat 4, one bit off
+        elif defect == "extra":
+            queue.pop()                         # the block sends one beat more than expected
+        else:
+            queue.append(queue[-1])             # one beat expected that never comes
+        bench.start()
+        try:
+            await bench.finish(_budget(8 * bench.cfg.rows))
+        except AssertionError as failure:
+            text = str(failure)
+            assert {"wrong": "beat 4: got", "extra": "more beats than",
+                    "missing": "beats, expected"}[defect] in text, text
+        else:
+            raise AssertionError(f"the harness missed a {defect} beat")
+        bench.stop()
+
+

@@ -182,7 +182,7 @@ def test_cli_list_shows_ranges():
                          ids=[f"{b}-{config_id(p)}" for b, p in SIM_CONFIGS])
 def test_cocotb(block, params, simulator):
     result = run_block(block, params, simulator)
-    assert result.tests == 9  # every cocotb test of tb/test_systolic.py ran
+    assert result.tests == 15  # every cocotb test of tb/test_systolic.py ran (6 buffered)
 
 
 @pytest.mark.sweep
