@@ -24,6 +24,7 @@ __all__ = ["CLOCK_PERIOD_NS", "STALL_PROFILES", "LONG_BURSTS", "ProtocolError", 
            "RandomPauses", "BurstPauses", "PeriodicPauses", "pauses", "pause_fraction",
            "start_clock", "reset_dut", "start_after_reset", "edge_now", "StreamSource",
            "StreamMonitor", "StreamSink", "StreamBench", "JobBench", "InOrderScoreboard",
+           "stream_layout",
            "wait_for", "check_in_order"]
 
 CLOCK_PERIOD_NS = 10
@@ -211,6 +212,7 @@ class StreamSource(_StreamEnd):
     def __init__(self, dut, name, layout, rng, gap_probability=0.0):
         super().__init__(dut, name, layout, rng)
         self._gaps = pauses(gap_probability, rng)
+        self._in_reset = False
         self._queue = collections.deque()
         self.sent_edges = []
         self._go_idle()
@@ -230,8 +232,6 @@ class StreamSource(_StreamEnd):
 
     def _ready_now(self):
         # X/Z on ready outside reset fails loudly (ProtocolError) rather than reading as 0.
-        if _read_bit(self._rst):
-            return False
         try:
             return _read_bit(self._ready)
         except ValueError:
@@ -247,17 +247,29 @@ class StreamSource(_StreamEnd):
     async def _run(self):
         while True:
             await RisingEdge(self._clk)
-            if self._driving and self._ready_now():
-                self.sent_edges.append(edge_now())
-                self._queue.popleft()
-                self._driving = False
-            if self._driving:
-                continue  # valid stays high with a stable payload until the transfer
-            if (self._queue and edge_now() >= self._queue[0][1]
-                    and not self._gaps.next()):
-                self._payload.value = self._queue[0][0]
-                self._driving = True
-            self._valid.value = int(self._driving)
+            self._step()
+
+    def _step(self):
+        """One edge: what the port did at it, and what it drives until the next."""
+        if _read_bit(self._rst):
+            # A reset: the block forgets what it took, so the beat on the port and the queue
+            # behind it are dropped at its first edge (the test queues afresh; what it queues
+            # while the reset lasts is kept and offered after it).
+            if not self._in_reset:
+                self._go_idle()
+            self._in_reset = True
+            return
+        self._in_reset = False
+        if self._driving and self._ready_now():
+            self.sent_edges.append(edge_now())
+            self._queue.popleft()
+            self._driving = False
+        if self._driving:
+            return  # valid stays high with a stable payload until the transfer
+        if self._queue and edge_now() >= self._queue[0][1] and not self._gaps.next():
+            self._payload.value = self._queue[0][0]
+            self._driving = True
+        self._valid.value = int(self._driving)
 
 
 class StreamMonitor(_StreamEnd):
@@ -359,24 +371,57 @@ class StreamSink(StreamMonitor):
             self._choose_ready()
 
 
-class StreamBench:
-    """A source on each of ``sources`` and a sink on each of ``sinks`` (port names of
-    ``component``, the unelaborated design), started and stopped together."""
+def stream_layout(component, name):
+    """The payload layout of stream port ``name`` of ``component``; ``name__<i>`` names
+    element i of an array of streams."""
+    base, _, index = name.rpartition("__")
+    if index.isdigit() and hasattr(component, base):
+        return getattr(component, base)[int(index)].payload.shape()
+    return getattr(component, name).payload.shape()
 
-    def __init__(self, dut, component, rng, sources, sinks, gap=0.0, stall=0.0):
+
+class StreamBench:
+    """The ports of one block under test, bound by name prefix: a :class:`StreamSource` on each
+    of ``sources``, a :class:`StreamSink` on each of ``sinks`` and a :class:`StreamMonitor` on
+    each of ``monitors`` (port names of ``component``, the unelaborated design; ``x__<i>`` for
+    element i of an array of streams), started and stopped together.
+
+    Clock- and reset-aware: every driver samples ``rst`` at every edge; a reset makes the
+    sources drop the beat they offer and everything queued (the block forgets what it took, so
+    the test queues its jobs afresh) and restarts the monitors' protocol rules. :meth:`reset`
+    resets the block mid-job, with no stop and start around it.
+    """
+
+    def __init__(self, dut, component, rng, sources=(), sinks=(), gap=0.0, stall=0.0,
+                 monitors=()):
         self.dut, self.rng = dut, rng
-        self.sources = {name: StreamSource(dut, name, getattr(component, name).payload.shape(),
-                                           rng, gap) for name in sources}
-        self.sinks = {name: StreamSink(dut, name, getattr(component, name).payload.shape(),
-                                       rng, stall) for name in sinks}
+        self.sources = {name: StreamSource(dut, name, stream_layout(component, name), rng, gap)
+                        for name in sources}
+        self.sinks = {name: StreamSink(dut, name, stream_layout(component, name), rng, stall)
+                      for name in sinks}
+        self.monitors = {name: StreamMonitor(dut, name, stream_layout(component, name))
+                         for name in monitors}
+
+    @property
+    def ports(self):
+        return [*self.sources.values(), *self.sinks.values(), *self.monitors.values()]
 
     def start(self):
-        for port in (*self.sources.values(), *self.sinks.values()):
+        for port in self.ports:
             port.start()
 
     def stop(self):
-        for port in (*self.sources.values(), *self.sinks.values()):
+        for port in self.ports:
             port.stop()
+
+    async def reset(self, cycles=2):
+        """Reset the block mid-job: the drivers keep running and drop what they hold; what the
+        sinks received and the sources sent before is forgotten."""
+        await reset_dut(self.dut, cycles)
+        for port in (*self.sinks.values(), *self.monitors.values()):
+            port.received.clear()
+        for source in self.sources.values():
+            source.sent_edges.clear()
 
 
 class JobBench(StreamBench):
@@ -395,15 +440,11 @@ class JobBench(StreamBench):
             assert mismatch.value == 0, "the 3D build's outputs differ from the 2D build's"
 
     async def reset_mid_job(self, output):
-        """Stop every port, reset, check nothing survived on ``busy`` and the ``output`` stream,
-        forget what was received and start again."""
-        self.stop()
-        await reset_dut(self.dut)
+        """Reset with the ports running (:meth:`StreamBench.reset`); check nothing survived on
+        ``busy`` and the ``output`` stream."""
+        await self.reset()
         assert not self.dut.busy.value and not getattr(self.dut, f"{output}__valid").value, (
             "state survived the reset")
-        for sink in self.sinks.values():
-            sink.received.clear()
-        self.start()
 
     def comparisons(self):
         """``(what, received, expected)`` lists :meth:`check` compares (set by the subclass)."""

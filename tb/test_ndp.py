@@ -18,31 +18,20 @@ from golden import fixed
 from golden import ndp as golden
 from golden.dram import DDR4_3200AA, TABLE_I, Ddr4Stream
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import STALL_PROFILES, StreamSink, StreamSource, edge_now, reset_dut, start_after_reset, wait_for
+from tb.streams import STALL_PROFILES, StreamBench, edge_now, reset_dut, start_after_reset, wait_for
 
 
 
-class NdpBench:
+class NdpBench(StreamBench):
     """Sources on ``cmd``, ``x``, ``w`` and ``lut``, a sink on ``y``, the golden expectations."""
 
     def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
-        self.dut, self.cfg, self.rng = dut, config, rng
-        layout = {name: getattr(component, name).payload.shape()
-                  for name in ("cmd", "x", "w", "lut", "y")}
-        self.sources = {name: StreamSource(dut, name, layout[name], rng, gap)
-                        for name in ("cmd", "x", "w", "lut")}
-        self.y = StreamSink(dut, "y", layout["y"], rng, stall)
+        super().__init__(dut, component, rng, ("cmd", "x", "w", "lut"), ("y",), gap, stall)
+        self.cfg = config
+        self.y = self.sinks["y"]
         self.table = [0] * (1 << config.x_width)
         self.x_buffer = []           # what the activation buffer holds (pad lanes included)
         self.expected = []           # (value, last)
-
-    def start(self):
-        for port in (*self.sources.values(), self.y):
-            port.start()
-
-    def stop(self):
-        for port in (*self.sources.values(), self.y):
-            port.stop()
 
     # --- stimulus --------------------------------------------------------------------------
     def weights(self, rows, cols):

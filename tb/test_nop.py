@@ -18,7 +18,7 @@ from golden import fixed
 from golden import nop as golden
 from golden import router as golden_router
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import (STALL_PROFILES, StreamSink, StreamSource, edge_now, reset_dut, start_after_reset,
+from tb.streams import (STALL_PROFILES, StreamBench, edge_now, reset_dut, start_after_reset,
                         start_clock, wait_for)
 
 TRACE_K = 2          # experts per token of the synthetic placement trace
@@ -31,21 +31,20 @@ def leaf_output(leaf, packet):
             for index, flit in enumerate(packet["flits"])]
 
 
-class TreeBench:
+class TreeBench(StreamBench):
     """Root source/sink, per-leaf sinks and leaf models, link monitors."""
 
     def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0, return_delay=(0, 6)):
-        self.dut, self.cfg, self.rng = dut, config, rng
+        leaves = golden.leaf_count(tuple(config.fanouts))
+        super().__init__(dut, component, rng,
+                         ["down_in"] + [f"up_in__{i}" for i in range(leaves)],
+                         ["up_out"] + [f"down_out__{i}" for i in range(leaves)], gap, stall)
+        self.cfg = config
         self.fanouts = tuple(config.fanouts)
-        self.leaves = golden.leaf_count(self.fanouts)
-        self.down = component.down_in.payload.shape()
-        self.up = component.up_out.payload.shape()
-        self.root = StreamSource(dut, "down_in", self.down, rng, gap)
-        self.combined = StreamSink(dut, "up_out", self.up, rng, stall)
-        self.leaf_in = [StreamSink(dut, f"down_out__{i}", self.down, rng, stall)
-                        for i in range(self.leaves)]
-        self.leaf_out = [StreamSource(dut, f"up_in__{i}", self.up, rng, gap)
-                         for i in range(self.leaves)]
+        self.leaves = leaves
+        self.root, self.combined = self.sources["down_in"], self.sinks["up_out"]
+        self.leaf_in = [self.sinks[f"down_out__{i}"] for i in range(leaves)]
+        self.leaf_out = [self.sources[f"up_in__{i}"] for i in range(leaves)]
         self.return_delay = return_delay
         self.hold_returns = False
         self.in_order = False          # return pending packets oldest first (else shuffled)
@@ -76,8 +75,7 @@ class TreeBench:
 
     # --- processes ---
     def start(self):
-        for port in [self.root, self.combined, *self.leaf_in, *self.leaf_out]:
-            port.start()
+        super().start()
         self._tasks = [cocotb.start_soon(self._leaf(i)) for i in range(self.leaves)]
         if self.internal:
             self._tasks.append(cocotb.start_soon(self._count_links()))
@@ -85,8 +83,7 @@ class TreeBench:
     def stop(self):
         for task in self._tasks:
             task.cancel()
-        for port in [self.root, self.combined, *self.leaf_in, *self.leaf_out]:
-            port.stop()
+        super().stop()
 
     async def _count_links(self):
         while True:

@@ -14,34 +14,24 @@ from cocotb.triggers import ClockCycles, RisingEdge
 
 from golden import pmu as golden
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import STALL_PROFILES, StreamSink, StreamSource, edge_now, reset_dut, start_clock, wait_for
+from tb.streams import STALL_PROFILES, StreamBench, edge_now, reset_dut, start_clock, wait_for
 
 
 
-class PMUBench:
+class PMUBench(StreamBench):
     """Sources for ``wjob``, ``rjob`` and ``w``; a sink on ``r``; a golden scratchpad."""
 
     def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
-        self.dut, self.cfg, self.rng = dut, config, rng
+        super().__init__(dut, component, rng, ("wjob", "rjob", "w"), ("r",), gap, stall)
+        self.cfg = config
         self.params = {f: getattr(config, f) for f in
                        ("banks", "bank_depth", "elem_width", "lanes", "loops", "addr_width")}
         self.component = component
-        self.job_layout = component.wjob.payload.shape()
-        self.wjob = StreamSource(dut, "wjob", self.job_layout, rng, gap)
-        self.rjob = StreamSource(dut, "rjob", self.job_layout, rng, gap)
-        self.w = StreamSource(dut, "w", component.w.payload.shape(), rng, gap)
-        self.r = StreamSink(dut, "r", component.r.payload.shape(), rng, stall)
+        self.wjob, self.rjob, self.w = (self.sources[n] for n in ("wjob", "rjob", "w"))
+        self.r = self.sinks["r"]
         self.memory = golden.Scratchpad(self.params)
         self.expected = []          # (data, valid, last) per read beat
         self.w_costs, self.r_costs = [], []
-
-    def start(self):
-        for port in (self.wjob, self.rjob, self.w, self.r):
-            port.start()
-
-    def stop(self):
-        for port in (self.wjob, self.rjob, self.w, self.r):
-            port.stop()
 
     def _descriptor(self, job):
         width = max(1, self.cfg.bank_bits)

@@ -14,28 +14,21 @@ from golden import placement
 from golden import nop as golden_nop
 from golden import router as golden
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import STALL_PROFILES, StreamSink, StreamSource, edge_now, reset_dut, start_after_reset, wait_for
+from tb.streams import (STALL_PROFILES, StreamBench, edge_now, reset_dut,
+                        start_after_reset, wait_for)
 
 
 
-class RouterBench:
+class RouterBench(StreamBench):
     """Sources on ``scores`` and ``table``, a sink on ``route``, the golden expectations."""
 
     def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
-        self.dut, self.cfg, self.rng = dut, config, rng
-        self.scores = StreamSource(dut, "scores", component.scores.payload.shape(), rng, gap)
-        self.table = StreamSource(dut, "table", component.table.payload.shape(), rng, gap)
-        self.routes = StreamSink(dut, "route", component.route.payload.shape(), rng, stall)
+        super().__init__(dut, component, rng, ("scores", "table"), ("route",), gap, stall)
+        self.cfg = config
+        self.scores, self.table = self.sources["scores"], self.sources["table"]
+        self.routes = self.sinks["route"]
         self.leaf_of = [0] * config.experts
         self.expected = []
-
-    def start(self):
-        for port in (self.scores, self.table, self.routes):
-            port.start()
-
-    def stop(self):
-        for port in (self.scores, self.table, self.routes):
-            port.stop()
 
     async def write_table(self, table):
         """Write the whole expert-to-leaf table and wait until it is in."""

@@ -13,28 +13,19 @@ from cocotb.triggers import ClockCycles
 from golden import fixed
 from golden import spiking as golden
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import STALL_PROFILES, StreamSink, StreamSource, reset_dut, start_after_reset, wait_for
+from tb.streams import STALL_PROFILES, StreamBench, reset_dut, start_after_reset, wait_for
 
 
 
-class LifBench:
+class LifBench(StreamBench):
     """Sources on ``x`` and ``params``, a sink on ``s``; the golden replay."""
 
     def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
-        self.dut, self.cfg, self.rng = dut, config, rng
-        self.x = StreamSource(dut, "x", component.x.payload.shape(), rng, gap)
-        self.params = StreamSource(dut, "params", component.params.payload.shape(), rng, gap)
-        self.s = StreamSink(dut, "s", component.s.payload.shape(), rng, stall)
+        super().__init__(dut, component, rng, ("x", "params"), ("s",), gap, stall)
+        self.cfg = config
+        self.x, self.params, self.s = self.sources["x"], self.sources["params"], self.sinks["s"]
         self.inputs = []             # (x list, last)
         self.writes = []             # (vth, vleak) in send order
-
-    def start(self):
-        for port in (self.x, self.params, self.s):
-            port.start()
-
-    def stop(self):
-        for port in (self.x, self.params, self.s):
-            port.stop()
 
     def write(self, vth, vleak):
         self.params.send({"vth": vth, "vleak": vleak})

@@ -3,7 +3,7 @@ blocks: a one-stage pipe that keeps the stream rules and one that breaks them. T
 is exercised by the systolic suite (test_buffered_*), on both simulators."""
 
 import pytest
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Module
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator

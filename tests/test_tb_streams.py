@@ -97,3 +97,27 @@ def test_periodic_and_random_pauses():
     assert not any(pauses(0.0, random.Random(3)).next() for _ in range(100))
     with pytest.raises(ValueError):
         pauses(("sometimes", 1), random.Random(4))
+
+
+def test_source_drops_its_beats_at_a_reset_and_keeps_those_queued_during_it(monkeypatch):
+    """Reset-aware driver: the first reset edge drops the offered beat and the queue; beats
+    queued while the reset lasts are offered after it, in order."""
+    dut = _Dut()
+    source = streams.StreamSource(dut, "p", LAYOUT, random.Random(1))
+
+    def edge(index, rst, ready):
+        monkeypatch.setattr(streams, "edge_now", lambda: index)
+        dut.rst.value, dut.p__ready.value = _Value(rst), _Value(ready)
+        source._step()
+        return dut.p__valid.value
+
+    for value in (1, 2, 3):
+        source.send({"data": value})
+    assert edge(0, 0, 0) == 1 and dut.p__payload.value == 1       # offered, not taken
+    assert edge(1, 1, 0) == 0 and source.idle                        # reset: all dropped
+    source.send({"data": 9})                                         # queued during the reset
+    edge(2, 1, 0)
+    assert not source.idle and dut.p__valid.value == 0
+    assert edge(3, 0, 0) == 1 and dut.p__payload.value == 9
+    edge(4, 0, 1)
+    assert source.sent_edges == [4] and source.idle
