@@ -1,0 +1,191 @@
+"""Golden model of the Mozart MoE layer (block ``moe_layer``, under construction): gate, node-
+limited routing, gate weights, the dispatch packet, each expert chiplet's FFN and local
+aggregation, the in-network combine, and the MAC-work bound.
+
+Pure Python/NumPy (no amaranth, no hw/). Sources: seed 000 §3.3, §4.2-4.4 (tokens dispatched to
+the chiplets of their experts, local aggregation inside a chiplet, global aggregation in the
+switches), seed 003 §4.3 (node-limited routing), seed 002 (the expert FFN numerics of
+``golden.ndp``, shared so that an expert means the same on a DIMM and on a chiplet).
+
+Arithmetic, per token x (D signed ``in_width``-bit elements), bit for bit:
+
+1. Gate scores: ``raw_e = sum_d x_d * Wg[d][e]`` exact, wrapped to signed ``acc_width``.
+2. Score codes (what the router compares): ``s_e = requant(raw_e, score_shift, score_width) +
+   2**(score_width-1)`` (``golden.ndp.requant``: round half up, saturate), an unsigned
+   ``score_width``-bit code in the same order as ``raw_e``.
+3. Routing: ``golden.router.route(s, k, groups, topk_groups)``: k distinct experts, highest code
+   first (ties to the lower index), within the ``topk_groups`` best groups.
+4. Gate weights: ``g_e = gate_lut[s_e]``, an unsigned ``gate_width``-bit run-time table (for
+   example a sigmoid of the code); not renormalized over the k (fold a scale into the table).
+5. Expert e on its chiplet: ``y_e = golden.ndp.ffn_expert(Wg_e, Wu_e, Wd_e, x, act_lut, shifts,
+   in_width, acc_width)``: ``h = requant(act(requant(x·Wgate)) * requant(x·Wup))``, ``y = Wd·h``.
+6. Local aggregation: a chiplet returns, per element, ``requant(sum over its chosen experts of
+   g_e * y_e, gate_shift, combine_width)``: the products summed exactly, then one rounding to
+   the NoP's return lanes (its ``acc_width``, here ``combine_width``).
+7. Combine: the switches add the returns of every chiplet the token went to, wrapping at
+   ``combine_width``: ``y = wrap(sum over chiplets, combine_width)``.
+
+Packet (flits of ``lanes`` signed ``data_width``-bit lanes): ``header_flits = ceil(k / lanes)``
+header flits, entry j of the k choices in lane ``j % lanes`` of flit ``j // lanes``, holding
+``expert * 2**gate_width + g`` (unsigned bits); then ``ceil(D / lanes)`` flits of x (element d in
+lane ``d % lanes`` of x flit ``d // lanes``, missing lanes 0). A chiplet's return has the same
+number of flits (the NoP drops a return of another length), lanes of ``combine_width`` bits:
+zero header flits, then its aggregated values in the x positions. The root's combined packet, header flits dropped, is y.
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+
+from golden import ndp, router
+from golden.fixed import wrap
+
+__all__ = ["MoELayer", "score_codes", "gate_weights", "dispatch_flits", "parse_header",
+           "chiplet_return", "layer", "mac_bound", "expert_macs", "header_flits",
+           "gate_latency"]
+
+
+def score_codes(x, wg, acc_width, score_shift, score_width):
+    """Unsigned router codes of one token (steps 1-2); ``wg`` is D x E."""
+    raw = np.asarray(x, dtype=object).dot(np.asarray(wg, dtype=object))
+    bias = 1 << (score_width - 1)
+    return [ndp.requant(wrap(v, acc_width), score_shift, score_width) + bias for v in raw]
+
+
+def gate_weights(codes, experts, gate_lut):
+    """``g_e`` of the chosen experts, in their order (step 4)."""
+    return [int(gate_lut[codes[e]]) for e in experts]
+
+
+def header_flits(k, lanes):
+    """Header flits of a dispatch packet: ceil(k / lanes)."""
+    return -(-k // lanes)
+
+
+def gate_latency(k, groups, topk_groups):
+    """``moe_gate``: edges from a token's final x beat to its first flit, every port ready: the
+    codes register (1), the router (``router.pipeline_latency``), the packet former (1)."""
+    return 1 + router.pipeline_latency(k, groups, topk_groups) + 1
+
+
+def dispatch_flits(experts, gates, x, lanes, gate_width):
+    """The flits of one token's dispatch packet (header, then x), as lists of lane values
+    (header entries as their unsigned bits)."""
+    count = header_flits(len(experts), lanes)
+    header = [[0] * lanes for _ in range(count)]
+    for j, (expert, gate) in enumerate(zip(experts, gates)):
+        header[j // lanes][j % lanes] = (int(expert) << gate_width) | int(gate)
+    body = [[0] * lanes for _ in range(-(-len(x) // lanes))]
+    for d, value in enumerate(x):
+        body[d // lanes][d % lanes] = int(value)
+    return header + body
+
+
+def parse_header(flits, k, lanes, gate_width):
+    """``[(expert, gate)]`` of the k choices, read back from a packet's header flits."""
+    mask = (1 << gate_width) - 1
+    entries = [flits[j // lanes][j % lanes] for j in range(k)]
+    return [(entry >> gate_width, entry & mask) for entry in entries]
+
+
+@dataclasses.dataclass
+class MoELayer:
+    """One layer's parameters and weights (what the run-time ports load).
+
+    ``wg``: D x E gate matrix; ``experts[e] = (Wg_e, Wu_e, Wd_e)`` (F x D, F x D, D x F, as in
+    ``golden.ndp``); ``placement[e]``: the chiplet (leaf) of expert e; ``gate_lut``:
+    2**score_width unsigned entries; ``act_lut``: 2**in_width signed entries; ``shifts``:
+    (shift_g, shift_u, shift_h) of the FFN.
+    """
+    wg: list
+    experts: list
+    placement: list
+    gate_lut: list
+    act_lut: list
+    shifts: tuple
+    k: int
+    groups: int = 1
+    topk_groups: int = 1
+    in_width: int = 8
+    acc_width: int = 32
+    score_shift: int = 8
+    score_width: int = 8
+    gate_width: int = 8
+    gate_shift: int = 8
+    data_width: int = 16
+    combine_width: int = 24
+    lanes: int = 4
+
+    @property
+    def d_model(self):
+        return len(self.wg)
+
+    @property
+    def d_ff(self):
+        return len(self.experts[0][0])
+
+    def ffn(self, expert, x):
+        wg, wu, wd = self.experts[expert]
+        return ndp.ffn_expert(wg, wu, wd, x, self.act_lut, self.shifts, self.in_width,
+                              self.acc_width)
+
+
+def chiplet_return(model, leaf, choices, x):
+    """What chiplet ``leaf`` returns for a token (step 6): its aggregated values, one per
+    element of x. ``choices``: ``[(expert, gate)]`` of the token."""
+    total = np.zeros(len(x), dtype=object)
+    for expert, gate in choices:
+        if model.placement[expert] == leaf:
+            total = total + gate * np.asarray(model.ffn(expert, x), dtype=object)
+    return [ndp.requant(v, model.gate_shift, model.combine_width) for v in total]
+
+
+def expert_macs(d_model, d_ff):
+    """Multiply-accumulates of one expert FFN for one token: gate, up and down."""
+    return 3 * d_model * d_ff
+
+
+def layer(model, tokens):
+    """The layer over a batch: per token its route and y, and per chiplet its work.
+
+    Parameters
+    ----------
+    model : MoELayer
+    tokens : list of list of int
+        The batch, in arrival order.
+
+    Returns
+    -------
+    dict
+        ``codes``, ``experts``, ``gates``, ``masks`` and ``y`` per token (y: D values, signed
+        ``combine_width``); ``chiplet_tokens`` (tokens each chiplet received) and
+        ``chiplet_macs`` (its FFN multiply-accumulates); ``replication`` (chiplets per token).
+    """
+    chiplets = max(model.placement) + 1
+    out = {"codes": [], "experts": [], "gates": [], "masks": [], "y": [],
+           "chiplet_tokens": [0] * chiplets, "chiplet_macs": [0] * chiplets}
+    per_expert = expert_macs(model.d_model, model.d_ff)
+    for x in tokens:
+        codes = score_codes(x, model.wg, model.acc_width, model.score_shift, model.score_width)
+        experts, _ = router.route(codes, model.k, model.groups, model.topk_groups)
+        gates = gate_weights(codes, experts, model.gate_lut)
+        mask = router.leaf_mask(experts, model.placement)
+        choices = list(zip(experts, gates))
+        total = np.zeros(len(x), dtype=object)
+        for leaf in range(chiplets):
+            if (mask >> leaf) & 1:
+                total = total + np.asarray(chiplet_return(model, leaf, choices, x), dtype=object)
+                out["chiplet_tokens"][leaf] += 1
+        for expert in experts:
+            out["chiplet_macs"][model.placement[expert]] += per_expert
+        for key, value in (("codes", codes), ("experts", experts), ("gates", gates),
+                           ("masks", mask), ("y", [wrap(v, model.combine_width) for v in total])):
+            out[key].append(value)
+    out["replication"] = sum(bin(m).count("1") for m in out["masks"]) / max(1, len(tokens))
+    return out
+
+
+def mac_bound(chiplet_macs, pes_per_chiplet):
+    """The layer's compute bound in cycles: the busiest chiplet's MACs over its PEs."""
+    return max(math.ceil(macs / pes_per_chiplet) for macs in chiplet_macs)

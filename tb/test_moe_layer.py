@@ -1,0 +1,216 @@
+"""cocotb tests of the MoE layer's blocks against ``golden.moe_layer``: ``moe_gate`` so far.
+
+Every dispatch flit is compared, in order, with the golden packet of its token (score codes,
+node-limited route, gate weights from the table as written, leaf mask, header and x flits); with
+every port ready the first flit leaves ``golden.moe_layer.gate_latency`` edges after the token's
+final x beat and the packets follow each other with no bubble.
+"""
+
+import time
+
+import cocotb
+from cocotb.triggers import ClockCycles
+
+from golden import moe_layer as golden
+from golden import router as golden_router
+from golden.fixed import signed_limits
+from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, pause_fraction,
+                        reset_dut, start_after_reset, wait_for)
+
+
+class GateBench(StreamBench):
+    """Sources on x, wg, gate_lut and table; a sink on packet; the golden layer state."""
+
+    def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
+        super().__init__(dut, component, rng, ("x", "wg", "gate_lut", "table"), ("packet",),
+                         gap, stall)
+        self.cfg = config
+        self.packet = self.sinks["packet"]
+        self.board = InOrderScoreboard("packet", component.packet.payload.shape())
+        self.wg = [[0] * config.experts for _ in range(config.d_model)]
+        self.lut = [0] * (1 << config.score_width)
+        self.placement = [0] * config.experts
+        self.final_edges = []       # per token: the index of its final x beat among x beats
+        self.routes = []            # per token: (experts, gates, mask)
+
+    # --- configuration (the golden state follows every write) ---
+    async def configure(self, wg=None, lut=None, placement=None):
+        cfg, rng = self.cfg, self.rng
+        low, high = signed_limits(cfg.w_width)
+        wg = wg or [[rng.randint(low, high) for _ in range(cfg.experts)]
+                    for _ in range(cfg.d_model)]
+        lut = lut or [rng.randint(0, (1 << cfg.gate_width) - 1)
+                      for _ in range(1 << cfg.score_width)]
+        placement = placement or [rng.randint(0, cfg.leaves - 1) for _ in range(cfg.experts)]
+        for d, row in enumerate(wg):
+            self.sources["wg"].send({"row": d, "data": row})
+        for code, value in enumerate(lut):
+            self.sources["gate_lut"].send({"code": code, "value": value})
+        for expert, leaf in enumerate(placement):
+            self.sources["table"].send({"expert": expert, "leaf": leaf})
+        self.wg, self.lut, self.placement = wg, lut, placement
+        budget = 20 * (cfg.d_model + len(lut) + cfg.experts) + 600
+        await wait_for(self.dut, lambda: all(self.sources[n].idle
+                                             for n in ("wg", "gate_lut", "table")),
+                       budget, "configuration written")
+
+    # --- tokens ---
+    def random_x(self, extremes=False):
+        low, high = signed_limits(self.cfg.in_width)
+        if extremes:
+            return [self.rng.choice((low, high)) for _ in range(self.cfg.d_model)]
+        return [self.rng.randint(low, high) for _ in range(self.cfg.d_model)]
+
+    def send_token(self, token, x, last_beat=None):
+        """Queue a token's beats and its expected packet; ``last_beat`` misplaces ``last``
+        (-1: on no beat)."""
+        cfg = self.cfg
+        token %= 1 << cfg.token_width
+        last_beat = cfg.beats - 1 if last_beat is None else last_beat
+        for b in range(cfg.beats):
+            lanes = (list(x[b * cfg.lanes:(b + 1) * cfg.lanes]) + [0] * cfg.lanes)[:cfg.lanes]
+            self.sources["x"].send({"token": token, "data": lanes, "last": int(b == last_beat)})
+        codes = golden.score_codes(x, self.wg, cfg.acc_width, cfg.score_shift, cfg.score_width)
+        experts, _ = golden_router.route(codes, cfg.k, cfg.groups, cfg.topk_groups)
+        gates = golden.gate_weights(codes, experts, self.lut)
+        mask = golden_router.leaf_mask(experts, self.placement)
+        flits = golden.dispatch_flits(experts, gates, x, cfg.lanes, cfg.gate_width)
+        for index, flit in enumerate(flits):
+            self.board.expect_payload({"token": token, "mask": mask, "data": flit,
+                                       "last": int(index == len(flits) - 1)})
+        self.routes.append((experts, gates, mask))
+
+    async def finish(self, max_cycles):
+        await wait_for(self.dut, lambda: len(self.packet.received) >= len(self.board.expected),
+                       max_cycles, f"{len(self.board.expected)} flits")
+        await ClockCycles(self.dut.clk, 3 * self.cfg.beats + 20)     # nothing extra may come
+        self.board.check(self.packet)
+
+
+async def _setup(dut, salt, gap=0.0, stall=0.0, **configure):
+    _, config, component = load_dut_config()
+    bench = GateBench(dut, config, component, make_rng(salt), gap, stall)
+    await start_after_reset(dut, bench)
+    await bench.configure(**configure)
+    return bench
+
+
+def _budget(flits, gap=0.0, stall=0.0):
+    slowdown = 1.0 / ((1.0 - pause_fraction(gap)) * (1.0 - pause_fraction(stall)))
+    return int(flits * slowdown * 4) + 800
+
+
+@cocotb.test()
+async def test_cycle_exact_no_stalls(dut):
+    """Every port ready: the first flit gate_latency edges after the final x beat, then the
+    packets back to back (H + B flits per token, no bubble)."""
+    bench = await _setup(dut, "cycle_exact")
+    cfg = bench.cfg
+    tokens = 12
+    for token in range(tokens):
+        bench.send_token(token, bench.random_x())
+    await bench.finish(_budget(tokens * (cfg.header_flits + cfg.beats)))
+    x_edges = bench.sources["x"].sent_edges
+    flit_edges = [edge for edge, _ in bench.packet.received]
+    latency = golden.gate_latency(cfg.k, cfg.groups, cfg.topk_groups)
+    assert flit_edges[0] - x_edges[cfg.beats - 1] == latency
+    assert flit_edges == list(range(flit_edges[0], flit_edges[0] + len(flit_edges))), \
+        "a bubble between flits"
+    assert x_edges[:cfg.beats] == list(range(x_edges[0], x_edges[0] + cfg.beats))
+
+
+@cocotb.test()
+@cocotb.parametrize((("gap", "stall"), STALL_PROFILES))
+async def test_random_stalls(dut, gap, stall):
+    """Random and long-burst gaps on every input, stalls on packet: exact packets, in order."""
+    bench = await _setup(dut, f"stalls:{gap}:{stall}", gap, stall)
+    tokens = 30
+    for token in range(tokens):
+        bench.send_token(token, bench.random_x(extremes=token % 5 == 0))
+    await bench.finish(_budget(tokens * (bench.cfg.header_flits + bench.cfg.beats), gap, stall))
+
+
+@cocotb.test()
+async def test_rewrites_between_tokens(dut):
+    """W_g, the gate table and the expert-to-leaf table rewritten between tokens; a hot expert
+    (one column of W_g far above the rest) takes every token; every expert on one leaf."""
+    bench = await _setup(dut, "rewrites", 0.3, 0.3)
+    cfg = bench.cfg
+    for token in range(6):
+        bench.send_token(token, bench.random_x())
+    await bench.finish(_budget(6 * (cfg.header_flits + cfg.beats), 0.3, 0.3))
+    low, high = signed_limits(cfg.w_width)
+    hot = [[high if e == cfg.experts - 1 else low for e in range(cfg.experts)]
+           for _ in range(cfg.d_model)]
+    await bench.configure(wg=hot, placement=[cfg.leaves - 1] * cfg.experts)
+    positive = [signed_limits(cfg.in_width)[1]] * cfg.d_model
+    for token in range(6, 12):
+        bench.send_token(token, positive)
+    await bench.finish(_budget(12 * (cfg.header_flits + cfg.beats), 0.3, 0.3))
+    for experts, _, mask in bench.routes[6:]:
+        assert experts[0] == cfg.experts - 1 and mask == 1 << (cfg.leaves - 1)
+
+
+@cocotb.test()
+async def test_reset_mid_work(dut):
+    """Reset with tokens half taken and packets in flight (the drivers drop what they hold):
+    nothing stale after, tables kept (W_g, gate table) or reset (expert-to-leaf: leaf 0)."""
+    bench = await _setup(dut, "reset", 0.2, 0.5)
+    cfg = bench.cfg
+    for token in range(8):
+        bench.send_token(token, bench.random_x())
+    await wait_for(dut, lambda: len(bench.sources["x"].sent_edges) >= 3 * cfg.beats + 1,
+                   _budget(8 * cfg.beats, 0.2, 0.5), "tokens in flight")
+    await bench.reset(3)
+    assert not dut.packet__valid.value and not dut.error.value
+    bench.board.expected.clear()
+    bench.placement = [0] * cfg.experts        # the router's table resets to leaf 0
+    for token in range(4):
+        bench.send_token(token, bench.random_x())
+    await bench.finish(_budget(4 * (cfg.header_flits + cfg.beats), 0.2, 0.5))
+    assert not dut.error.value
+
+
+@cocotb.test()
+async def test_protocol_misuse_sets_error(dut):
+    """A W_g row past D is ignored and sets the sticky error; a misplaced ``last`` on x sets it
+    too, and the token still ends after ceil(D/L) beats (the count rules)."""
+    bench = await _setup(dut, "misuse")
+    cfg = bench.cfg
+    rows = 1 << max(1, (cfg.d_model - 1).bit_length())
+    if rows > cfg.d_model:
+        bench.sources["wg"].send({"row": cfg.d_model, "data": [1] * cfg.experts})
+        await wait_for(dut, lambda: bench.sources["wg"].idle, 200, "row written")
+        await ClockCycles(dut.clk, 2)
+        assert dut.error.value == 1, "a W_g row out of range did not set error"
+        await reset_dut(dut)
+        bench.placement = [0] * cfg.experts
+    assert dut.error.value == 0
+    # last on the first beat (or, with one beat per token, on none)
+    bench.send_token(1, bench.random_x(), last_beat=0 if cfg.beats > 1 else -1)
+    bench.send_token(2, bench.random_x())
+    await bench.finish(_budget(4 * (cfg.header_flits + cfg.beats)))
+    assert dut.error.value == 1, "misplaced last did not set error"
+
+
+@cocotb.test()
+async def test_throughput(dut):
+    """Every port saturated: tokens per cycle against the bound 1/(H + B) of the packet port,
+    over more than 10k cycles; written for `make bench`."""
+    bench = await _setup(dut, "throughput")
+    cfg = bench.cfg
+    flits = cfg.header_flits + cfg.beats
+    tokens = max(64, -(-10_000 // flits))
+    for token in range(tokens):
+        bench.send_token(token, bench.random_x())
+    began = time.perf_counter()
+    await bench.finish(_budget(tokens * flits))
+    wall = time.perf_counter() - began
+    edges = [edge for edge, _ in bench.packet.received]
+    cycles = edges[-1] - edges[0] + 1
+    assert cycles == tokens * flits, "the packet port was not kept busy"
+    metrics = {"tokens": tokens, "cycles": cycles,
+               "tokens_per_cycle": round(tokens / cycles, 4),
+               "bound": round(1 / flits, 4)}
+    write_throughput(metrics, "dispatch packets, every port saturated", cycles / wall)

@@ -1,0 +1,150 @@
+"""The MoE layer's golden model (golden/moe_layer.py); the block itself is under construction
+(issue 16), so these check the arithmetic contract it will be held to."""
+
+import random
+
+import numpy as np
+import pytest
+
+from conftest import config_id, run_block
+from flows.verilog import generate
+from golden import moe_layer as golden
+from golden import ndp, router
+from golden.fixed import signed_limits, wrap
+from hw.params import ParamError
+from hw.registry import get_block
+
+
+def _model(experts=8, d_model=6, d_ff=5, k=2, placement=None, groups=1, topk_groups=1, seed=1,
+           lanes=4):
+    rng = random.Random(seed)
+    low, high = signed_limits(8)
+
+    def matrix(rows, cols):
+        return [[rng.randint(low, high) for _ in range(cols)] for _ in range(rows)]
+
+    return golden.MoELayer(
+        wg=matrix(d_model, experts),
+        experts=[(matrix(d_ff, d_model), matrix(d_ff, d_model), matrix(d_model, d_ff))
+                 for _ in range(experts)],
+        placement=placement or [e % 4 for e in range(experts)],
+        gate_lut=[rng.randint(0, 255) for _ in range(256)],
+        act_lut=ndp.activation_lut("silu", 8, 4, 4), shifts=(6, 6, 4), k=k, groups=groups,
+        topk_groups=topk_groups, lanes=lanes)
+
+
+def _tokens(count, d_model, seed=2):
+    rng = random.Random(seed)
+    return [[rng.randint(-128, 127) for _ in range(d_model)] for _ in range(count)]
+
+
+def test_score_codes_keep_the_order_of_the_raw_scores():
+    rng = np.random.default_rng(3)
+    x = rng.integers(-128, 128, 16).tolist()
+    wg = rng.integers(-128, 128, (16, 12)).tolist()
+    raw = np.asarray(x, dtype=object).dot(np.asarray(wg, dtype=object))
+    codes = golden.score_codes(x, wg, 32, 6, 8)
+    assert all(0 <= c < 256 for c in codes)
+    for a in range(12):
+        for b in range(12):
+            if raw[a] > raw[b]:
+                assert codes[a] >= codes[b]
+    assert golden.score_codes([0] * 16, wg, 32, 6, 8) == [128] * 12
+
+
+def test_header_round_trips_and_x_fills_lanes_in_order():
+    flits = golden.dispatch_flits([5, 2, 7], [200, 3, 0], list(range(1, 8)), lanes=2,
+                                  gate_width=8)
+    assert len(flits) == 2 + 4
+    assert golden.parse_header(flits, 3, 2, 8) == [(5, 200), (2, 3), (7, 0)]
+    assert flits[2:] == [[1, 2], [3, 4], [5, 6], [7, 0]]
+
+
+def test_one_chiplet_holding_every_expert_aggregates_before_rounding():
+    model = _model(placement=[0] * 8)
+    out = golden.layer(model, _tokens(5, 6))
+    for x, experts, gates, y in zip(_tokens(5, 6), out["experts"], out["gates"], out["y"]):
+        exact = sum(g * np.asarray(model.ffn(e, x), dtype=object) for e, g in zip(experts, gates))
+        assert y == [wrap(ndp.requant(v, model.gate_shift, 24), 24) for v in exact]
+    assert out["masks"] == [1] * 5 and out["chiplet_tokens"] == [5]
+    assert out["replication"] == 1.0
+
+
+def test_experts_on_separate_chiplets_are_rounded_each_then_summed_in_the_network():
+    model = _model(placement=list(range(8)))
+    tokens = _tokens(6, 6)
+    out = golden.layer(model, tokens)
+    for x, experts, gates, y in zip(tokens, out["experts"], out["gates"], out["y"]):
+        parts = [[ndp.requant(g * v, model.gate_shift, 24)
+                  for v in model.ffn(e, x)] for e, g in zip(experts, gates)]
+        assert y == [wrap(sum(column), 24) for column in zip(*parts)]
+    assert out["replication"] == 2.0
+
+
+def test_a_token_reaches_a_chiplet_once_and_work_follows_the_experts():
+    model = _model(placement=[0, 0, 1, 1, 2, 2, 3, 3], k=4)
+    tokens = _tokens(10, 6)
+    out = golden.layer(model, tokens)
+    counts = [0] * 4
+    for experts, mask in zip(out["experts"], out["masks"]):
+        assert mask == router.leaf_mask(experts, model.placement)
+        for leaf in range(4):
+            counts[leaf] += (mask >> leaf) & 1
+    assert out["chiplet_tokens"] == counts
+    assert sum(out["chiplet_macs"]) == 10 * 4 * golden.expert_macs(6, 5)
+    assert golden.mac_bound(out["chiplet_macs"], 16) == max(
+        -(-m // 16) for m in out["chiplet_macs"])
+
+
+@pytest.mark.parametrize("groups, topk_groups", [(4, 1), (4, 2), (2, 1)])
+def test_node_limited_routing_keeps_the_token_within_its_groups(groups, topk_groups):
+    model = _model(k=2, groups=groups, topk_groups=topk_groups)
+    out = golden.layer(model, _tokens(12, 6))
+    size = 8 // groups
+    for experts in out["experts"]:
+        assert len(set(experts)) == 2
+        assert len({e // size for e in experts}) <= topk_groups
+
+
+# ---- moe_gate: config, generation, cocotb on both simulators ---------------------------------
+
+# Configurations simulated by `make test`: the defaults; node-limited routing with odd sizes
+# (3 lanes, 5 elements: a padded beat; 2 header flits); the smallest corner (one lane, one
+# element, 1-bit codes and gates, one leaf); a wide one (16 experts, 8 lanes, one header flit).
+SIM_CONFIGS = [
+    {},
+    {"experts": 6, "k": 3, "groups": 3, "topk_groups": 2, "leaves": 3, "d_model": 5, "lanes": 2,
+     "in_width": 5, "score_width": 4, "gate_width": 5, "acc_width": 12, "score_shift": 3},
+    {"experts": 2, "k": 1, "leaves": 1, "d_model": 1, "lanes": 1, "score_width": 1,
+     "gate_width": 1, "data_width": 8, "score_shift": 0},
+    {"experts": 16, "k": 4, "groups": 4, "topk_groups": 2, "leaves": 8, "d_model": 12,
+     "lanes": 8, "w_width": 4, "score_width": 6},
+]
+
+
+@pytest.mark.parametrize("simulator", ["icarus", "verilator"])
+@pytest.mark.parametrize("params", SIM_CONFIGS, ids=[config_id(p) for p in SIM_CONFIGS])
+def test_gate_cocotb(params, simulator):
+    assert run_block("moe_gate", params, simulator).tests == COCOTB_TESTS
+
+
+COCOTB_TESTS = 9
+
+
+@pytest.mark.parametrize("params, name", [
+    ({"data_width": 4}, "data_width"),                     # narrower than in_width
+    ({"data_width": 8, "gate_width": 8}, "data_width"),    # a header entry does not fit
+    ({"experts": 6, "groups": 4}, "groups"),               # the router's rule, its message
+    ({"k": 9}, "k"),
+])
+def test_gate_config_errors_name_the_parameter(params, name):
+    with pytest.raises(ParamError, match=f"parameter '{name}'"):
+        get_block("moe_gate").config(**params)
+
+
+def test_gate_generates_with_the_documented_ports():
+    block = get_block("moe_gate")
+    info = generate(block, block.config(), "build/test-moe-gate")[2]
+    names = {port["name"] for port in info["ports"]}
+    assert {"x__payload", "wg__payload", "gate_lut__payload", "table__payload",
+            "packet__payload", "error"} <= names
