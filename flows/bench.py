@@ -54,14 +54,17 @@ def _speeds(record, simulator):
     return text
 
 
-def run_bench(output):
-    """Run the benchmarks; print a table and write ``output`` (JSON). Returns the exit status.
+def run_bench(output, blocks=None):
+    """Run the benchmarks (of ``blocks``, names, or every block); print a table and write
+    ``output`` (JSON). Returns the exit status.
 
     Each block's cocotb ``test_throughput`` measures its own figures (asserted against its
     golden cycle model) and writes them with the simulated cycles per wall second.
     """
     records, rows = [], []
     for block, config, label in demo_configurations():
+        if blocks and block.name not in blocks:
+            continue
         units = block.area_units(config)
         record = {"block": block.name, "params": label, block.area_unit + "s": units}
         # The per-cycle bench, and the buffered harness where the block's suite has one.

@@ -137,7 +137,12 @@ def cmd_doctor(args):
 
 def cmd_bench(args):
     from flows.bench import run_bench
-    return run_bench(Path(args.output))
+    if args.block:
+        names = [b.name for b in all_blocks()]
+        for name in args.block:
+            if name not in names:
+                raise _UsageError(f"option '--block': got {name}; allowed: {', '.join(names)}")
+    return run_bench(Path(args.output), args.block)
 
 
 def cmd_demo(args):
@@ -221,6 +226,9 @@ def _parser():
     sub.add_parser("doctor", help="check the toolchain").set_defaults(func=cmd_doctor)
     p = sub.add_parser("bench", help="cycles, utilization, sim speed and area per block")
     p.add_argument("-o", "--output", default="build/bench.json")
+    p.add_argument("--block", action="append", metavar="NAME",
+                   help="bench only this block (repeatable); `moegen docs --bench` then "
+                        "replaces only its records")
     p.set_defaults(func=cmd_bench)
     sub.add_parser("demo", help="generate, simulate and synthesize the demo configurations"
                    ).set_defaults(func=cmd_demo)

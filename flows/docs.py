@@ -67,7 +67,8 @@ def _figures_table(name, bench):
                      _speed(r, "icarus"),
                      f"{area['cells']:,}", f"{area['flip_flops']:,}", f"{area['luts']:,}",
                      f"{area['cells'] / units:,.0f} per {block.area_unit}"))
-    note = (f"From `make bench` of {bench.get('generated', '?')} (docs/bench.json): figures "
+    when = records[0].get("generated", bench.get("generated", "?"))
+    note = (f"From `make bench` of {when} (docs/bench.json): figures "
             "measured by `test_throughput` on Verilator and asserted against the golden cycle "
             "model; simulated cycles per wall-clock second on both simulators (noisy: compare "
             "within one run; after a `|`, `test_buffered_throughput` on the buffered harness, "
@@ -115,6 +116,18 @@ def _bench():
     return json.loads(BENCH_RECORD.read_text()) if BENCH_RECORD.exists() else {}
 
 
+def merge_bench(old, new):
+    """The bench record with ``new``'s blocks replacing ``old``'s (a `moegen bench --block`
+    run updates only its blocks); every record keeps the time of the run that measured it."""
+    def stamped(record):
+        return [{"generated": record.get("generated", "?"), **r}
+                for r in record.get("results", [])]
+    fresh = stamped(new)
+    blocks = {r["block"] for r in fresh}
+    kept = [r for r in stamped(old) if r["block"] not in blocks]
+    return {"generated": new.get("generated", "?"), "results": kept + fresh}
+
+
 def stale_files():
     """The documentation files whose generated tables differ from what :func:`update` writes."""
     bench = _bench()
@@ -125,8 +138,8 @@ def update(bench_json=None):
     """Regenerate every table (after copying ``bench_json`` to docs/bench.json, if given);
     returns the files that changed."""
     if bench_json is not None:
-        record = json.loads(Path(bench_json).read_text())
-        BENCH_RECORD.write_text(json.dumps(record, indent=2) + "\n")
+        BENCH_RECORD.write_text(json.dumps(merge_bench(_bench(), json.loads(
+            Path(bench_json).read_text())), indent=2) + "\n")
     bench = _bench()
     changed = []
     for path in _files():

@@ -43,11 +43,27 @@ from cocotb.triggers import FallingEdge, Timer
 from tb.codec import codec
 from tb.streams import CLOCK_PERIOD_NS, ProtocolError, edge_now, pauses
 
-__all__ = ["WINDOW", "BufferedHarness", "BufferedBench", "stream_ports", "status_layout"]
+__all__ = ["WINDOW", "BufferedHarness", "BufferedBench", "stream_ports", "status_layout",
+           "harness_window"]
 
 # Cycles between the bench's wake-ups: the per-wake Python cost is spread over this many cycles.
 WINDOW = 64
 COUNTER_WIDTH = 32
+# Amaranth numbers the bits of a top module's inputs with 16 bits: all of them together stay
+# below 65536. The banks (4 * window beats per stream) take nearly all.
+INPUT_BITS = 60000
+
+
+def harness_window(component):
+    """The window of ``component``'s harness: :data:`WINDOW`, or fewer cycles when its banks
+    would pass :data:`INPUT_BITS` (very wide streams); at least 2."""
+    streams, _ = stream_ports(component)
+    beat_bits = sum(len(_payload(port)) for _, port, _ in streams)
+    window = min(WINDOW, INPUT_BITS // (4 * beat_bits))
+    if window < 2:
+        raise ValueError(f"streams of {beat_bits} bits per beat in all: too wide for the "
+                         "buffered harness (use the per-cycle bench)")
+    return window
 
 
 def stream_ports(component):
@@ -137,7 +153,8 @@ class BufferedHarness(wiring.Component):
     """Wraps ``dut`` (a block's component) with stimulus banks, expected-response banks and
     comparators (module doc)."""
 
-    def __init__(self, dut, window=WINDOW):
+    def __init__(self, dut, window=None):
+        window = harness_window(dut) if window is None else window
         self.dut, self.cycles = dut, window
         self.streams, self.plain = stream_ports(dut)
         self._status_fields = {name for name, _ in status_layout(self.streams, window)}
@@ -361,7 +378,8 @@ class BufferedBench:
     """The Python side of :class:`BufferedHarness` (module doc): a :class:`BufferedSource` per
     input stream and a :class:`BufferedSink` per output stream of ``component``."""
 
-    def __init__(self, dut, component, rng, gap=0.0, stall=0.0, window=WINDOW):
+    def __init__(self, dut, component, rng, gap=0.0, stall=0.0, window=None):
+        window = harness_window(component) if window is None else window
         self.dut, self.window = dut, window
         streams, _ = stream_ports(component)
         layouts = {name: port.payload.shape() for name, port, _ in streams}
