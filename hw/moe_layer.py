@@ -31,7 +31,7 @@ from amaranth.utils import ceil_log2
 from golden import moe_layer as golden
 from golden import router as golden_router
 from hw.params import ConfiguredComponent, int_param, param_error, validate
-from hw.pipeline import saturate, select
+from hw.pipeline import requant, select
 from hw.registry import Block, register
 from hw.router import RouterConfig, TopKRouter, table_layout
 
@@ -136,16 +136,6 @@ def packet_layout(config):
                               "last": 1})
 
 
-def _requant(m, value, shift, width, name):
-    """``golden.ndp.requant`` with a constant shift: round half up, saturate to ``width``."""
-    rounded = Signal(signed(len(value) + 2), name=f"{name}_rounded")
-    half = (1 << shift) >> 1
-    m.d.comb += rounded.eq((value + half) >> shift)
-    out = Signal(signed(width), name=name)
-    m.d.comb += out.eq(saturate(rounded, width))
-    return out
-
-
 class MoEGate(ConfiguredComponent):
     """The ``moe_gate`` block (contract: docs/blocks/moe_layer.md).
 
@@ -234,7 +224,7 @@ class MoEGate(ConfiguredComponent):
                             for l in range(L)]
                 total = Signal(signed(cfg.acc_width), name=f"sum_{e}")
                 m.d.comb += total.eq(acc[e] + sum(products))
-                code = _requant(m, total, cfg.score_shift, cfg.score_width, f"code_{e}")
+                code = requant(m, total, cfg.score_shift, cfg.score_width, f"code_{e}")
                 with m.If(final):
                     m.d.sync += [acc[e].eq(0), scores.payload.score[e].eq(code + bias)]
                 with m.Else():

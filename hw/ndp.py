@@ -37,7 +37,7 @@ from amaranth.utils import bits_for
 
 from golden import ndp as golden
 from hw.params import ConfiguredComponent, int_param, validate
-from hw.pipeline import saturate
+from hw.pipeline import requant
 from hw.registry import Block, register
 
 __all__ = ["NdpConfig", "NdpCore", "command_layout", "SHIFT_BITS", "COUNT_BITS"]
@@ -96,17 +96,6 @@ def command_layout():
     return data.StructLayout({
         "op": 1, "load_x": 1, "rows": COUNT_BITS, "cols": COUNT_BITS,
         "shift_g": SHIFT_BITS, "shift_u": SHIFT_BITS, "shift_h": SHIFT_BITS})
-
-
-def _requant(m, value, shift, width, name):
-    """Round half up by ``shift`` (arithmetic) and saturate to signed ``width`` bits."""
-    wide = max(len(value), 1 << SHIFT_BITS) + 2
-    rounded = Signal(signed(wide), name=f"{name}_rounded")
-    half = (Const(1, wide) << shift) >> 1          # 0 when shift is 0
-    m.d.comb += rounded.eq((value + half) >> shift)
-    out = Signal(signed(width), name=name)
-    m.d.comb += out.eq(saturate(rounded, width))
-    return out
 
 
 class NdpCore(ConfiguredComponent):
@@ -259,8 +248,8 @@ class NdpCore(ConfiguredComponent):
 
         # Gate: a = LUT[requant(g)] at a Wg row, p = a * requant(u) at the next Wu row.
         gate = Signal(signed(xw))
-        g_code = _requant(m, row_value, shift_g, xw, "g_requant")
-        u_code = _requant(m, row_value, shift_u, xw, "u_requant")
+        g_code = requant(m, row_value, shift_g, xw, "g_requant")
+        u_code = requant(m, row_value, shift_u, xw, "u_requant")
         m.d.comb += lut_read.addr.eq(g_code.as_unsigned())
         with m.If(row_meta.valid & (row_meta.kind == KIND_G)):
             m.d.sync += gate.eq(lut_read.data)
@@ -269,7 +258,7 @@ class NdpCore(ConfiguredComponent):
         m.d.sync += p_valid.eq(row_meta.valid & (row_meta.kind == KIND_U))
         with m.If(row_meta.valid & (row_meta.kind == KIND_U)):
             m.d.sync += p_reg.eq(gate * u_code)
-        h_code = _requant(m, p_reg, shift_h, xw, "h_requant")
+        h_code = requant(m, p_reg, shift_h, xw, "h_requant")
         h_lane = Signal(range(M))
         h_word = Signal(range(cfg.h_words + 1))
         m.d.comb += [h_write.addr.eq(h_word), h_write.data.eq(h_code.as_unsigned().replicate(M)),

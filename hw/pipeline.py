@@ -1,14 +1,14 @@
 """Helpers shared by pipelined blocks: stall-able registers, the output queue, lane layouts."""
 
 
-from amaranth.hdl import Mux, Signal, signed
+from amaranth.hdl import Const, Mux, Signal, signed
 from amaranth.lib import data
 from amaranth.lib.fifo import SyncFIFO
 
 from golden.fixed import signed_limits
 
 __all__ = ["StallPipe", "OutputQueue", "OUT_FIFO_DEPTH", "lanes_layout", "saturate", "select",
-           "or_tree"]
+           "or_tree", "requant"]
 
 # Depth of an output queue. Two entries suffice for full throughput: a pipeline writes at most
 # one beat per cycle and a ready consumer reads one per cycle, so the level never exceeds one.
@@ -28,6 +28,23 @@ def saturate(value, width):
     """``value`` clamped to the signed ``width``-bit range (an expression)."""
     low, high = signed_limits(width)
     return Mux(value > high, high, Mux(value < low, low, value))
+
+
+def requant(m, value, shift, width, name):
+    """``golden.ndp.requant`` in hardware: round half up by an arithmetic right shift of
+    ``shift`` (an int, or a Value: a run-time shift), then saturate to signed ``width`` bits.
+    Returns the ``width``-bit signal ``name``."""
+    if isinstance(shift, int):
+        wide = len(value) + 2
+        half = (1 << shift) >> 1
+    else:
+        wide = max(len(value), 1 << len(shift)) + 2
+        half = (Const(1, wide) << shift) >> 1          # 0 when shift is 0
+    rounded = Signal(signed(wide), name=f"{name}_rounded")
+    m.d.comb += rounded.eq((value + half) >> shift)
+    out = Signal(signed(width), name=name)
+    m.d.comb += out.eq(saturate(rounded, width))
+    return out
 
 
 def select(index, values):

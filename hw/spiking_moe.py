@@ -170,7 +170,7 @@ class SpikingMoe(TieredComponent):
 
     def elaborate(self, platform):
         cfg = self.config
-        E, R, C = cfg.experts, cfg.rows, cfg.cols
+        E, R = cfg.experts, cfg.rows
         N, T, D = cfg.max_tokens, cfg.max_timesteps, cfg.max_d_in
         m = Module()
         tier = "top" if self._tier == "top" else None

@@ -34,14 +34,13 @@ Reset: the harness resets with the block; a bench does not resume across a reset
 benches test reset).
 """
 
-import cocotb
 from amaranth.hdl import Array, C, Cat, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 from cocotb.triggers import FallingEdge, Timer
 
 from tb.codec import codec
-from tb.streams import CLOCK_PERIOD_NS, ProtocolError, edge_now, pauses
+from tb.streams import CLOCK_PERIOD_NS, ProtocolError, Worker, edge_now, pauses
 
 __all__ = ["WINDOW", "BufferedHarness", "BufferedBench", "stream_ports", "status_layout",
            "harness_window"]
@@ -374,7 +373,7 @@ class BufferedSink(_BufferedPort):
         self._exchange(status, closed_first_edge)
 
 
-class BufferedBench:
+class BufferedBench(Worker):
     """The Python side of :class:`BufferedHarness` (module doc): a :class:`BufferedSource` per
     input stream and a :class:`BufferedSink` per output stream of ``component``."""
 
@@ -391,17 +390,7 @@ class BufferedBench:
         self._toggle = 0
         self._window_edges = []     # first edge of every window opened so far
         dut.window.value = 0
-        self._task = None
         self.failure = None
-
-    def start(self):
-        """Start exchanging with the harness (after the reset)."""
-        self._task = cocotb.start_soon(self._run())
-
-    def stop(self):
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
 
     async def _run(self):
         await FallingEdge(self.dut.clk)     # wake mid-cycle: no race with the rising edge

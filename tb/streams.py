@@ -24,7 +24,7 @@ __all__ = ["CLOCK_PERIOD_NS", "STALL_PROFILES", "LONG_BURSTS", "ProtocolError", 
            "RandomPauses", "BurstPauses", "PeriodicPauses", "pauses", "pause_fraction",
            "start_clock", "reset_dut", "start_after_reset", "edge_now", "StreamSource",
            "StreamMonitor", "StreamSink", "StreamBench", "JobBench", "InOrderScoreboard",
-           "stream_layout",
+           "stream_layout", "Worker",
            "wait_for", "check_in_order"]
 
 CLOCK_PERIOD_NS = 10
@@ -159,7 +159,26 @@ class ProtocolError(AssertionError):
     transfer, or X/Z on a handshake after reset)."""
 
 
-class _StreamEnd:
+class Worker:
+    """Owns one coroutine, ``_run``, started and cancelled as a whole."""
+
+    _task = None
+
+    def start(self):
+        """Start the coroutine (one decision per clock edge, or per window)."""
+        self._task = cocotb.start_soon(self._run())
+
+    def stop(self):
+        """Cancel it."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _run(self):
+        raise NotImplementedError
+
+
+class _StreamEnd(Worker):
     """One end of a stream port: its three handles and the task that works them."""
 
     def __init__(self, dut, name, layout, rng):
@@ -172,17 +191,10 @@ class _StreamEnd:
         self._layout = layout
         self._codec = codec(layout)
         self._rng = rng
-        self._task = None
-
-    def start(self):
-        """Start working the port (one beat decision per clock edge)."""
-        self._task = cocotb.start_soon(self._run())
 
     def stop(self):
-        """Stop working the port and drive it idle (used around a reset)."""
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
+        """Stop working the port and drive it idle."""
+        super().stop()
         self._go_idle()
 
 
