@@ -276,6 +276,6 @@ register(Block(
     summary="MoE layer root: gate scores, node-limited top-k, gate weights, NoP dispatch packets",
     demo_configs=({},),
     area_unit="expert", area_units=lambda cfg: cfg.experts,
-    legend=("moe_gate: tokens per cycle against the packet port's bound 1/(header + x flits) "
+    legend=("tokens per cycle against the packet port's bound 1/(header + x flits) "
             "with every port saturated"),
 ))
