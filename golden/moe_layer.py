@@ -39,11 +39,13 @@ import math
 import numpy as np
 
 from golden import ndp, router
+from golden.pmu import READ_LATENCY
 from golden.fixed import wrap
 
 __all__ = ["MoELayer", "score_codes", "gate_weights", "dispatch_flits", "parse_header",
            "chiplet_return", "layer", "mac_bound", "expert_macs", "header_flits",
-           "gate_latency"]
+           "gate_latency", "ChipletShape", "weight_beats", "chiplet_figures",
+           "chiplet_batch_edges"]
 
 
 def score_codes(x, wg, acc_width, score_shift, score_width):
@@ -189,3 +191,152 @@ def layer(model, tokens):
 def mac_bound(chiplet_macs, pes_per_chiplet):
     """The layer's compute bound in cycles: the busiest chiplet's MACs over its PEs."""
     return max(math.ceil(macs / pes_per_chiplet) for macs in chiplet_macs)
+
+
+# --- the expert chiplet's schedule (block ``expert_chiplet``) ---
+
+@dataclasses.dataclass(frozen=True)
+class ChipletShape:
+    """The sizes of an expert chiplet's schedule: an expert is D x F, the systolic tile R rows
+    (tokens) by C columns with n arrays splitting K.
+
+    A group of up to R tokens of one expert runs two phases on the tile. ``gu``: ``f_chunks``
+    gate tiles then ``f_chunks`` up tiles, each of ``k_x`` beats (x split n ways); ``down``:
+    ``d_chunks`` tiles of ``k_h`` beats (h split n ways). Each beat takes one weight beat of
+    ``weight_lanes`` = n*C weights from the scratchpad.
+    """
+    d_model: int
+    d_ff: int
+    rows: int
+    cols: int
+    arrays: int
+
+    @property
+    def k_x(self):
+        return -(-self.d_model // self.arrays)
+
+    @property
+    def k_h(self):
+        return -(-self.d_ff // self.arrays)
+
+    @property
+    def f_chunks(self):
+        return -(-self.d_ff // self.cols)
+
+    @property
+    def d_chunks(self):
+        return -(-self.d_model // self.cols)
+
+    @property
+    def weight_lanes(self):
+        return self.arrays * self.cols
+
+    @property
+    def gu_beats(self):
+        return 2 * self.f_chunks * self.k_x
+
+    @property
+    def down_beats(self):
+        return self.d_chunks * self.k_h
+
+    @property
+    def expert_beats(self):
+        return self.gu_beats + self.down_beats
+
+    @property
+    def pes(self):
+        return self.rows * self.cols * self.arrays
+
+
+def weight_beats(shape, wg, wu, wd):
+    """One expert's weights in the order the chiplet's tile reads them (its load stream).
+
+    Gate tiles c = 0..f_chunks-1, then up tiles, each of ``k_x`` beats; beat k of tile c holds in
+    lane ``s*C + j`` the weight ``W[c*C + j][s*k_x + k]`` (W = Wg or Wu, F x D); then the down
+    tiles c = 0..d_chunks-1 of ``k_h`` beats, lane ``s*C + j`` holding ``Wd[c*C + j][s*k_h + k]``
+    (Wd is D x F). Weights past the matrix are 0.
+    """
+    C, n = shape.cols, shape.arrays
+
+    def tiles(matrix, chunks, depth, rows, cols):
+        beats = []
+        for c in range(chunks):
+            for k in range(depth):
+                beat = []
+                for s in range(n):
+                    for j in range(C):
+                        r, col = c * C + j, s * depth + k
+                        beat.append(int(matrix[r][col]) if r < rows and col < cols else 0)
+                beats.append(beat)
+        return beats
+
+    D, F = shape.d_model, shape.d_ff
+    return (tiles(wg, shape.f_chunks, shape.k_x, F, D) + tiles(wu, shape.f_chunks, shape.k_x, F, D)
+            + tiles(wd, shape.d_chunks, shape.k_h, D, F))
+
+
+def chiplet_figures(shape):
+    """Manifest figures of an expert chiplet: its PEs, an expert's weight beats and MACs."""
+    return {"pes": shape.pes, "weight_beats_per_expert": shape.expert_beats,
+            "macs_per_token_expert": expert_macs(shape.d_model, shape.d_ff)}
+
+
+def _tile_pairs(start, tiles, depth, rows, last_end):
+    """Edges at which a run of ``tiles`` tiles of ``depth`` beats is taken by the systolic
+    tile, the first pair no earlier than ``start``, one pair per edge, and a tile's last pair at
+    least ``rows`` edges after the previous tile's (its spacing rule). Returns the edge of the
+    final pair."""
+    edge = start - 1
+    for _ in range(tiles):
+        edge += depth
+        edge = max(edge, last_end + rows)
+        last_end = edge
+    return last_end
+
+
+def chiplet_batch_edges(slot_tokens, shape, tokens):
+    """The expert chiplet's schedule for one batch, every port ready, weights resident.
+
+    Parameters
+    ----------
+    slot_tokens : list of int
+        Tokens of the batch that chose each slot's expert (slot order).
+    shape : ChipletShape
+    tokens : int
+        Tokens in the batch.
+
+    Returns
+    -------
+    dict
+        Edges counted from the edge that takes the batch's final dispatch flit (0):
+        ``first_return`` (the first return flit taken) and ``compute_edges`` (the tile's
+        busy span: from the first pair taken to the last result row).
+
+    Schedule (docs/blocks/moe_layer.md): one edge per slot visit and per group set-up; a group's
+    gu weights job is taken the edge after its set-up and its first weight beat
+    ``READ_LATENCY + 1`` edges later; the gu tiles, then (h complete: the last gu result row,
+    ``C + 2 + (R-1) + ceil(log2 n)`` edges after the last gu pair, and one edge to switch) the
+    down tiles; the next set-up the edge after the last down pair. The batch drains when the
+    last result row is in and emits the edge after: ``H + X`` flits per token, back to back.
+    """
+    R, C = shape.rows, shape.cols
+    tree = (shape.arrays - 1).bit_length()
+    result_lag = C + 2 + (R - 1) + tree         # last pair -> last result row
+    edge = 0
+    last_pair = -R                               # the tile's last tile-ending pair
+    last_result = 0
+    first_pair = None
+    for count in slot_tokens:
+        for _ in range(-(-count // R)):
+            edge += 1                            # group set-up
+            start = edge + 1 + READ_LATENCY + 1
+            first_pair = start if first_pair is None else first_pair
+            gu_end = _tile_pairs(start, 2 * shape.f_chunks, shape.k_x, R, last_pair)
+            down_start = gu_end + result_lag + 2
+            last_pair = _tile_pairs(down_start, shape.d_chunks, shape.k_h, R, gu_end)
+            last_result = last_pair + result_lag
+            edge = last_pair
+        edge += 1                                # the visit that finds the slot done
+    emitting = max(edge, last_result) + 1
+    return {"first_return": emitting + 1,
+            "compute_edges": (last_result - first_pair + 1) if first_pair is not None else 0}

@@ -20,10 +20,11 @@ docs/blocks/moe_layer.md.
 
 import dataclasses
 import math
+import types
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -33,9 +34,13 @@ from golden import router as golden_router
 from hw.params import ConfiguredComponent, int_param, param_error, validate
 from hw.pipeline import requant, select
 from hw.registry import Block, register
+from hw.nop import NopConfig, NopTree, down_layout, up_layout
+from hw.pmu import PMU, PMUConfig
 from hw.router import RouterConfig, TopKRouter, table_layout
+from hw.systolic import SystolicTile, SystolicTileConfig
 
-__all__ = ["MoEGateConfig", "MoEGate"]
+__all__ = ["MoEGateConfig", "MoEGate", "ExpertChipletConfig", "ExpertChiplet", "MoELayerConfig",
+           "MoELayer"]
 
 SHIFT_RANGE = 48
 
@@ -188,15 +193,16 @@ class MoEGate(ConfiguredComponent):
         with m.If(self.wg.valid & ~row_ok):
             m.d.sync += error.eq(1)
 
-        # Gate table: 2**score_width entries, zero at start-up, kept through reset.
-        table = [Signal(cfg.gate_width, name=f"gate_{c}", reset_less=True)
-                 for c in range(1 << cfg.score_width)]
-        m.d.comb += self.gate_lut.ready.eq(1)
-        with m.If(self.gate_lut.valid):
-            with m.Switch(self.gate_lut.payload.code):
-                for code, entry in enumerate(table):
-                    with m.Case(code):
-                        m.d.sync += entry.eq(self.gate_lut.payload.value)
+        # Gate table: 2**score_width entries, zero at start-up, kept through reset; one read
+        # port per choice (a memory: 1024 registers behind k selects made 22 MB of Verilog
+        # that Verilator could not build in 24 GB).
+        table = m.submodules.gate_table = Memory(shape=cfg.gate_width,
+                                                 depth=1 << cfg.score_width, init=[])
+        table_write = table.write_port()
+        m.d.comb += [self.gate_lut.ready.eq(1), table_write.en.eq(self.gate_lut.valid),
+                     table_write.addr.eq(self.gate_lut.payload.code),
+                     table_write.data.eq(self.gate_lut.payload.value)]
+        table_reads = [table.read_port(domain="comb") for _ in range(cfg.k)]
 
         # Scores: beat counter, accumulators, the registered codes offered to the router.
         beat = Signal(range(B))
@@ -234,6 +240,7 @@ class MoEGate(ConfiguredComponent):
 
         # Packet former: one route at a time, H header flits then B x flits.
         route = router.route
+        m.d.comb += [table_reads[j].addr.eq(route.payload.score[j]) for j in range(cfg.k)]
         active = Signal()
         flit = Signal(range(H + B))
         token = Signal(cfg.token_width)
@@ -262,8 +269,7 @@ class MoEGate(ConfiguredComponent):
             m.d.sync += [active.eq(1), flit.eq(0), token.eq(route.payload.token),
                          mask.eq(route.payload.mask)]
             for j in range(cfg.k):
-                gate = select(route.payload.score[j], table)
-                m.d.sync += entries[j].eq(Cat(gate, route.payload.expert[j]))
+                m.d.sync += entries[j].eq(Cat(table_reads[j].data, route.payload.expert[j]))
         return m
 
 
@@ -278,4 +284,738 @@ register(Block(
     area_unit="expert", area_units=lambda cfg: cfg.experts,
     legend=("tokens per cycle against the packet port's bound 1/(header + x flits) "
             "with every port saturated"),
+))
+
+
+# --------------------------------------------------------------------------------------------
+# expert_chiplet: a leaf of the layer's NoP tree.
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ExpertChipletConfig:
+    """Parameters of ``expert_chiplet`` (one leaf of the layer; contract in
+    docs/blocks/moe_layer.md).
+
+    Parameters
+    ----------
+    experts, k, leaves, token_width, lanes, data_width, gate_width
+        The dispatch packet's shape, as ``moe_gate`` sends it (E, k, mask bits, token bits, L,
+        lane bits, gate bits).
+    combine_width : int
+        Bits of a return lane (the NoP's ``acc_width``).
+    slots : int
+        S, experts this chiplet can hold (1..8).
+    d_model, d_ff : int
+        D and F of an expert FFN (1..64 each).
+    in_width : int
+        Bits of a signed x, activation and h element (2..10; the activation table has
+        2**in_width entries).
+    w_width : int
+        Bits of a signed FFN weight (2..16).
+    acc_width : int
+        Bits of the systolic tile's wrapping accumulators (8..48).
+    shift_g, shift_u, shift_h, gate_shift : int
+        Requantization shifts (0..47): gate and up projections to ``in_width``, their product
+        to h, the gate-weighted sum to ``combine_width``.
+    rows, cols, arrays : int
+        The systolic tile: R token rows, C output columns, n arrays (K split n ways);
+        n * C <= 32 (one scratchpad access per weight beat).
+    batch : int
+        Tokens collected before the chiplet computes (1..32).
+    batch_wait : int
+        Idle cycles after which a partial batch is computed (1..255).
+    """
+    experts: int = int_param(8, 2, 64, "E, experts of the layer")
+    k: int = int_param(2, 1, 8, "experts chosen per token")
+    leaves: int = int_param(4, 1, 64, "bits of the dispatch mask (leaves of the tree)")
+    token_width: int = int_param(8, 1, 16, "bits of the token id")
+    lanes: int = int_param(4, 1, 64, "L, lanes per flit")
+    data_width: int = int_param(16, 2, 32, "bits of a dispatch lane")
+    gate_width: int = int_param(8, 1, 16, "bits of an unsigned gate weight")
+    combine_width: int = int_param(24, 2, 48, "bits of a return lane")
+    slots: int = int_param(2, 1, 8, "S, experts held")
+    d_model: int = int_param(8, 1, 64, "D, elements of a token")
+    d_ff: int = int_param(8, 1, 64, "F, hidden elements of an expert")
+    in_width: int = int_param(8, 2, 10, "bits of x, activation and h elements")
+    w_width: int = int_param(8, 2, 16, "bits of an FFN weight")
+    acc_width: int = int_param(32, 8, 48, "bits of the tile's wrapping accumulators")
+    shift_g: int = int_param(6, 0, SHIFT_RANGE - 1, "gate projection to in_width shift")
+    shift_u: int = int_param(6, 0, SHIFT_RANGE - 1, "up projection to in_width shift")
+    shift_h: int = int_param(6, 0, SHIFT_RANGE - 1, "activation * up to h shift")
+    gate_shift: int = int_param(8, 0, SHIFT_RANGE - 1, "gate-weighted sum to return shift")
+    rows: int = int_param(4, 1, 16, "R, token rows of the systolic tile")
+    cols: int = int_param(4, 1, 16, "C, output columns of the systolic tile")
+    arrays: int = int_param(2, 1, 8, "n, arrays of the tile (K split n ways)")
+    batch: int = int_param(8, 1, 32, "tokens per batch")
+    batch_wait: int = int_param(16, 1, 255, "idle cycles that close a partial batch")
+
+    def __post_init__(self):
+        validate(self)
+        if self.k > self.experts:
+            raise param_error("k", self.k, f"an integer in 1..experts (1..{self.experts})")
+        if self.data_width < self.in_width:
+            raise param_error("data_width", self.data_width,
+                              f"an integer in in_width..32 ({self.in_width}..32)")
+        entry = ceil_log2(self.experts) + self.gate_width
+        if self.data_width < entry:
+            raise param_error("data_width", self.data_width,
+                              f"at least expert bits + gate_width ({entry}): a header entry")
+        if self.arrays * self.cols > 32:
+            raise param_error("cols", self.cols,
+                              f"at most 32 // arrays ({32 // self.arrays}): a weight beat is "
+                              "one scratchpad access of arrays * cols lanes")
+        if self._bank_depth() > 65536:
+            raise param_error("slots", self.slots,
+                              "fewer: the scratchpad would need more than 65536 words per bank "
+                              f"({self._bank_depth()})")
+
+    # The schedule's sizes (golden.moe_layer.chiplet_schedule uses the same names).
+    @property
+    def schedule(self):
+        return golden.ChipletShape(d_model=self.d_model, d_ff=self.d_ff, rows=self.rows,
+                                   cols=self.cols, arrays=self.arrays)
+
+    @property
+    def header_flits(self):
+        return golden.header_flits(self.k, self.lanes)
+
+    @property
+    def x_flits(self):
+        return math.ceil(self.d_model / self.lanes)
+
+    @property
+    def tile_width(self):
+        return max(self.in_width, self.w_width)
+
+    def _banks(self):
+        return 1 << ceil_log2(self.schedule.weight_lanes)
+
+    def _bank_depth(self):
+        words = -(-self.slots * self.schedule.expert_beats * self.schedule.weight_lanes
+                  // self._banks())
+        return max(2, 1 << ceil_log2(words))
+
+    def pmu_config(self):
+        """The weight scratchpad: V = n*C lanes, banks the next power of two (so the V
+        consecutive words of a beat sit in V different banks: one access per beat), deep
+        enough for S experts."""
+        banks, depth = self._banks(), self._bank_depth()
+        return PMUConfig(banks=banks, bank_depth=depth, elem_width=self.w_width,
+                         lanes=self.schedule.weight_lanes, loops=1,
+                         addr_width=ceil_log2(banks) + ceil_log2(depth))
+
+    def nop_shape(self):
+        """The flit fields ``hw.nop``'s layouts read (combine lanes are ``combine_width``)."""
+        return types.SimpleNamespace(token_width=self.token_width, leaves=self.leaves,
+                                     data_width=self.data_width, lanes=self.lanes,
+                                     acc_width=self.combine_width)
+
+
+def weights_layout(config):
+    """A weight beat: ``slot``, ``expert`` (read on a load's first beat), ``data`` (n*C signed
+    weights, the tile-order layout of ``golden.moe_layer.weight_beats``), ``last``."""
+    return data.StructLayout({
+        "slot": max(1, ceil_log2(config.slots)),
+        "expert": max(1, ceil_log2(config.experts)),
+        "data": data.ArrayLayout(signed(config.w_width), config.schedule.weight_lanes),
+        "last": 1})
+
+
+def act_lut_layout(config):
+    return data.StructLayout({"index": config.in_width, "value": signed(config.in_width)})
+
+
+class ExpertChiplet(ConfiguredComponent):
+    """The ``expert_chiplet`` block (contract: docs/blocks/moe_layer.md).
+
+    Members
+    -------
+    down : In(stream)
+        Dispatch flits (``hw.nop.down_layout``): the packets ``moe_gate`` sends, as a leaf of
+        ``nop_tree`` receives them.
+    up : Out(stream)
+        Return flits (``hw.nop.up_layout`` with ``combine_width`` lanes): per token, H zero
+        header flits then its gate-weighted sum over the experts held here.
+    weights : In(stream)
+        Weight loads: one expert into one slot, in tile order, ``slot`` and ``expert`` taken
+        from the first beat.
+    act_lut : In(stream)
+        ``index``, ``value``: one activation-table entry; always ready.
+    error : Out(1)
+        Sticky: a misframed packet or weight load, or a slot out of range.
+    """
+
+    def __init__(self, config):
+        shape = config.nop_shape()
+        super().__init__(config, {
+            "down": In(stream.Signature(down_layout(shape))),
+            "up": Out(stream.Signature(up_layout(shape))),
+            "weights": In(stream.Signature(weights_layout(config))),
+            "act_lut": In(stream.Signature(act_lut_layout(config))),
+            "error": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg, shape = self.config, self.config.schedule
+        S, R, C, n = cfg.slots, cfg.rows, cfg.cols, cfg.arrays
+        D, F, L, T = cfg.d_model, cfg.d_ff, cfg.lanes, cfg.batch
+        H, X = cfg.header_flits, cfg.x_flits
+        Ks, Kf, cF, cD, V = shape.k_x, shape.k_h, shape.f_chunks, shape.d_chunks, \
+            shape.weight_lanes
+        iw = cfg.in_width
+        error = Signal()
+        m.d.comb += self.error.eq(error)
+
+        tile = m.submodules.tile = SystolicTile(SystolicTileConfig(
+            rows=R, cols=C, arrays=n, in_width=cfg.tile_width, acc_width=cfg.acc_width))
+        pmu_cfg = cfg.pmu_config()
+        pmu = m.submodules.scratchpad = PMU(pmu_cfg)
+        with m.If(pmu.error | tile.error):
+            m.d.sync += error.eq(1)
+
+        def read_job(job, base, beats):
+            """A contiguous job: ``beats`` accesses of V consecutive words from ``base``."""
+            return [job.base.eq(base), job.bounds[0].eq(beats), job.strides[0].eq(V),
+                    job.lane_stride.eq(1), job.pred_lo.eq(0),
+                    job.pred_hi.eq(pmu_cfg.banks * pmu_cfg.bank_depth), job.diagonal.eq(0),
+                    *[job.bank_pos[b].eq(b) for b in range(pmu_cfg.bank_bits)]]
+
+        # --- activation table: 2**in_width signed entries, zero at start-up, kept through reset
+        lut = m.submodules.act_table = Memory(shape=signed(iw), depth=1 << iw, init=[])
+        lut_write = lut.write_port()
+        m.d.comb += [self.act_lut.ready.eq(1), lut_write.en.eq(self.act_lut.valid),
+                     lut_write.addr.eq(self.act_lut.payload.index),
+                     lut_write.data.eq(self.act_lut.payload.value)]
+
+        # --- state ---
+        collecting, running, draining, emitting = (Signal(name=s) for s in (
+            "collecting", "running", "draining", "emitting"))
+        m.d.comb += collecting.eq(~running & ~draining & ~emitting)
+        count = Signal(range(T + 1))                   # tokens held
+        in_packet = Signal()
+        flit = Signal(range(H + X + 1))
+        idle = Signal(range(cfg.batch_wait + 1))
+
+        # Expert slots: the global expert each holds ("tags"), kept through reset like the
+        # scratchpad; a slot is valid from the edge of its load's last beat.
+        tags = [Signal(ceil_log2(cfg.experts) or 1, name=f"tag_{s}", reset_less=True)
+                for s in range(S)]
+        tag_valid = [Signal(name=f"tag_valid_{s}", reset_less=True) for s in range(S)]
+
+        # Per token of the batch: id, x, chosen slots and their gates, the gate-weighted sums.
+        product_bits = cfg.acc_width + cfg.gate_width + 1
+        sum_bits = product_bits + ceil_log2(min(cfg.k, S) + 1)
+        tok_id = [Signal(cfg.token_width, name=f"token_{t}", reset_less=True) for t in range(T)]
+        x = [[Signal(signed(iw), name=f"x_{t}_{d}", reset_less=True) for d in range(D)]
+             for t in range(T)]
+        gates = [[Signal(cfg.gate_width, name=f"gate_{t}_{s}", reset_less=True)
+                  for s in range(S)] for t in range(T)]
+        sums = [[Signal(signed(sum_bits), name=f"sum_{t}_{d}", reset_less=True)
+                 for d in range(D)] for t in range(T)]
+        chosen = [Signal(S, name=f"chosen_{t}", reset_less=True) for t in range(T)]
+        # Per slot: the batch indices of its tokens, in arrival order.
+        members = [[Signal(range(T), name=f"member_{s}_{p}", reset_less=True)
+                    for p in range(T)] for s in range(S)]
+        members_len = [Signal(range(T + 1), name=f"members_len_{s}") for s in range(S)]
+
+        # --- weight loads (only while no token is held) ---
+        loading, discarding = Signal(), Signal()
+        load_slot = Signal(range(S))
+        load_beat = Signal(range(shape.expert_beats))
+        beats_end = load_beat == shape.expert_beats - 1
+        can_load = collecting & (count == 0) & ~in_packet
+        wload = self.weights
+        slot_ok = wload.payload.slot < S
+        m.d.comb += [pmu.wjob.valid.eq(wload.valid & can_load & ~loading & ~discarding & slot_ok),
+                     *read_job(pmu.wjob.payload, wload.payload.slot * (shape.expert_beats * V),
+                               shape.expert_beats),
+                     pmu.w.valid.eq(wload.valid & loading),
+                     pmu.w.payload.last.eq(beats_end)]
+        m.d.comb += [pmu.w.payload.data[v].eq(wload.payload.data[v]) for v in range(V)]
+        m.d.comb += wload.ready.eq((loading & pmu.w.ready) | discarding |
+                                   (can_load & ~loading & ~slot_ok))
+        with m.If(pmu.wjob.valid & pmu.wjob.ready):
+            m.d.sync += [loading.eq(1), load_slot.eq(wload.payload.slot), load_beat.eq(0)]
+            for s in range(S):
+                with m.If(wload.payload.slot == s):
+                    m.d.sync += [tags[s].eq(wload.payload.expert), tag_valid[s].eq(0)]
+        with m.If(pmu.w.valid & pmu.w.ready):
+            m.d.sync += load_beat.eq(load_beat + 1)
+            with m.If(wload.payload.last != beats_end):
+                m.d.sync += error.eq(1)
+            with m.If(beats_end):
+                m.d.sync += loading.eq(0)
+                for s in range(S):
+                    with m.If(load_slot == s):
+                        m.d.sync += tag_valid[s].eq(1)
+        # A load into a slot that does not exist is taken and dropped up to its `last`.
+        with m.If(wload.valid & wload.ready & ~loading):
+            with m.If(discarding | ~slot_ok):
+                m.d.sync += [error.eq(1), discarding.eq(~wload.payload.last)]
+
+        # --- collect: take packets into the batch ---
+        down = self.down
+        # A load offered while no token is held goes first.
+        m.d.comb += down.ready.eq(collecting & ~loading & ~discarding & ~(can_load & wload.valid))
+        taken = down.valid & down.ready
+        slot_index = Signal(range(T))
+        m.d.comb += slot_index.eq(count)
+        first = flit == 0
+        # Slots this flit's header entries choose (or-ed into the token's earlier choices).
+        hits = Signal(S)
+        hit_gate = [Signal(cfg.gate_width, name=f"hit_gate_{s}") for s in range(S)]
+        header_index = Signal(range(H + X + 1))
+        m.d.comb += header_index.eq(flit)
+        for j in range(cfg.k):
+            entry = down.payload.data[j % L].as_unsigned()
+            expert = entry[cfg.gate_width:cfg.gate_width + (ceil_log2(cfg.experts) or 1)]
+            here = header_index == j // L
+            for s in range(S):
+                with m.If(here & tag_valid[s] & (tags[s] == expert)):
+                    m.d.comb += [hits[s].eq(1), hit_gate[s].eq(entry[:cfg.gate_width])]
+        current_chosen = Signal(S)
+        m.d.comb += current_chosen.eq(
+            hits | Mux(first, 0, select(slot_index, chosen)))
+        packet_end = taken & down.payload.last
+        with m.If(taken):
+            m.d.sync += [flit.eq(Mux(flit == H + X, flit, flit + 1)), in_packet.eq(1),
+                         idle.eq(0)]
+            with m.If(down.payload.last != (flit == H + X - 1)):
+                m.d.sync += error.eq(1)
+            for t in range(T):
+                with m.If(slot_index == t):
+                    with m.If(first):
+                        m.d.sync += [tok_id[t].eq(down.payload.token),
+                                     *[v.eq(0) for v in x[t]], *[v.eq(0) for v in sums[t]]]
+                    m.d.sync += chosen[t].eq(current_chosen)
+                    for s in range(S):
+                        with m.If(hits[s]):
+                            m.d.sync += gates[t][s].eq(hit_gate[s])
+                    for b in range(X):
+                        with m.If(flit == H + b):
+                            for lane in range(L):
+                                if b * L + lane < D:
+                                    m.d.sync += x[t][b * L + lane].eq(
+                                        down.payload.data[lane][:iw])
+        with m.If(packet_end):
+            m.d.sync += [flit.eq(0), in_packet.eq(0), count.eq(count + 1)]
+            for s in range(S):
+                with m.If(current_chosen[s]):
+                    m.d.sync += members_len[s].eq(members_len[s] + 1)
+                    for p in range(T):
+                        with m.If(members_len[s] == p):
+                            m.d.sync += members[s][p].eq(slot_index)
+            with m.If(count + 1 == T):
+                m.d.sync += running.eq(1)
+        with m.Elif(collecting & (count != 0) & ~in_packet & ~taken):
+            m.d.sync += idle.eq(idle + 1)
+            with m.If(idle == cfg.batch_wait - 1):
+                m.d.sync += [running.eq(1), idle.eq(0)]
+
+        # --- run: per slot, groups of up to R of its tokens through the tile ---
+        # A group is two tile phases: "gu" (F/C gate tiles then F/C up tiles of K = ceil(D/n)
+        # beats over x) and, once h is complete, "down" (D/C tiles of K = ceil(F/n) beats over
+        # h). Each phase's weights are one contiguous scratchpad read job.
+        slot = Signal(range(S))
+        group = Signal(range(T + R + 1))               # index into the slot's members
+        starting = Signal()                            # the cycle a group is set up
+        phase_gu, phase_wait, phase_down = Signal(), Signal(), Signal()
+        tile_index = Signal(range(max(2 * cF, cD)))
+        beat = Signal(range(max(Ks, Kf)))
+        group_rows = Signal(range(R + 1))
+        group_token = [Signal(range(T), name=f"group_token_{i}") for i in range(R)]
+        group_gate = [Signal(cfg.gate_width, name=f"group_gate_{i}") for i in range(R)]
+        hbuf = [[Signal(signed(iw), name=f"h_{i}_{f}") for f in range(F)] for i in range(R)]
+        jobs_due = Signal(2)                            # bit 0: the gu job, bit 1: the down job
+        group_base = Signal(range(S * shape.expert_beats * V + 1))
+
+        slot_len = select(slot, members_len)
+        remaining = slot_len - group
+        m.d.comb += starting.eq(running & ~phase_gu & ~phase_wait & ~phase_down &
+                                (jobs_due == 0))
+        with m.If(starting):
+            with m.If(group >= slot_len):              # this slot is done: the next, or drain
+                m.d.sync += group.eq(0)
+                with m.If(slot == S - 1):
+                    m.d.sync += [running.eq(0), draining.eq(1), slot.eq(0)]
+                with m.Else():
+                    m.d.sync += slot.eq(slot + 1)
+            with m.Else():
+                m.d.sync += [phase_gu.eq(1), tile_index.eq(0), beat.eq(0), jobs_due.eq(0b11),
+                             group_rows.eq(Mux(remaining > R, R, remaining)),
+                             group_base.eq(slot * (shape.expert_beats * V))]
+                for i in range(R):
+                    member = select(group + i, [select(slot, [members[s][p] for s in range(S)])
+                                                for p in range(T)])
+                    m.d.sync += [group_token[i].eq(member),
+                                 group_gate[i].eq(select(slot, [select(member, [gates[t][s]
+                                                                               for t in range(T)])
+                                                                for s in range(S)]))]
+
+        # Read jobs: the group's gu weights, then its down weights.
+        rjob = pmu.rjob
+        down_base = group_base + shape.gu_beats * V
+        with m.If(jobs_due[0]):
+            m.d.comb += read_job(rjob.payload, group_base, shape.gu_beats)
+        with m.Else():
+            m.d.comb += read_job(rjob.payload, down_base, shape.down_beats)
+        m.d.comb += rjob.valid.eq(jobs_due != 0)
+        with m.If(rjob.valid & rjob.ready):
+            m.d.sync += jobs_due.eq(Mux(jobs_due[0], jobs_due & 0b10, 0))
+
+        # Tile descriptors, in issue order: what each tile's R result rows are.
+        tree = ceil_log2(n)
+        desc_layout = data.StructLayout({
+            "kind": 2, "chunk": range(max(cF, cD)), "rows": range(R + 1),
+            "token": data.ArrayLayout(range(T), R),
+            "gate": data.ArrayLayout(cfg.gate_width, R)})
+        descs = m.submodules.descriptors = SyncFIFO(width=desc_layout.size,
+                                                    depth=C + R + tree + 4)
+        in_flight = Signal(range(C + R + tree + 6))
+        gu_flight = Signal(range(C + R + tree + 6))
+
+        a = tile.a
+        kind = Signal(2)                               # 0 gate, 1 up, 2 down
+        chunk = Signal(range(max(cF, cD)))
+        m.d.comb += [kind.eq(Mux(phase_down, 2, Mux(tile_index >= cF, 1, 0))),
+                     chunk.eq(Mux(phase_down, tile_index,
+                                  Mux(tile_index >= cF, tile_index - cF, tile_index)))]
+        tile_beats = Mux(phase_down, Kf, Ks)
+        a_last = beat == tile_beats - 1
+        m.d.comb += [a.valid.eq((phase_gu | phase_down) & descs.w_rdy),
+                     a.payload.last.eq(a_last),
+                     tile.b.payload.last.eq(a_last), tile.b.valid.eq(pmu.r.valid),
+                     pmu.r.ready.eq(tile.b.ready)]
+        m.d.comb += [tile.b.payload.data[v].eq(pmu.r.payload.data[v].as_signed())
+                     for v in range(V)]
+        for i in range(R):
+            row_ok = i < group_rows
+            x_row = [select(group_token[i], [x[t][d] for t in range(T)]) for d in range(D)]
+            for sl in range(n):
+                x_lane = select(beat, [x_row[sl * Ks + kk] if sl * Ks + kk < D else Const(0)
+                                       for kk in range(Ks)])
+                h_lane = select(beat, [hbuf[i][sl * Kf + kk] if sl * Kf + kk < F else Const(0)
+                                       for kk in range(Kf)])
+                m.d.comb += a.payload.data[sl * R + i].eq(
+                    Mux(row_ok, Mux(phase_down, h_lane, x_lane), 0))
+        desc = Signal(desc_layout)
+        m.d.comb += [desc.kind.eq(kind), desc.chunk.eq(chunk), desc.rows.eq(group_rows),
+                     *[desc.token[i].eq(group_token[i]) for i in range(R)],
+                     *[desc.gate[i].eq(group_gate[i]) for i in range(R)],
+                     descs.w_data.eq(desc.as_value())]
+        a_taken = a.valid & a.ready
+        tile_done = a_taken & a_last
+        m.d.comb += descs.w_en.eq(tile_done)
+        with m.If(a_taken):
+            m.d.sync += beat.eq(Mux(a_last, 0, beat + 1))
+        with m.If(tile_done):
+            m.d.sync += tile_index.eq(tile_index + 1)
+            with m.If(phase_gu & (tile_index == 2 * cF - 1)):
+                m.d.sync += [phase_gu.eq(0), phase_wait.eq(1), tile_index.eq(0)]
+            with m.If(phase_down & (tile_index == cD - 1)):
+                m.d.sync += [phase_down.eq(0), tile_index.eq(0), group.eq(group + R)]
+
+        # --- results: one tile row per cycle (the tile's output is always taken) ---
+        c = tile.c
+        m.d.comb += c.ready.eq(1)
+        head = Signal(desc_layout)
+        m.d.comb += head.eq(descs.r_data)
+        result_row = Signal(range(R))
+        row_done = c.valid & c.payload.last
+        m.d.comb += descs.r_en.eq(row_done)
+        gu_result_done = row_done & (head.kind != 2)
+        m.d.sync += in_flight.eq(in_flight + tile_done - row_done)
+        m.d.sync += gu_flight.eq(gu_flight + (tile_done & phase_gu) - gu_result_done)
+        with m.If(phase_wait & (gu_flight == 0)):
+            m.d.sync += [phase_wait.eq(0), phase_down.eq(1)]
+        with m.If(c.valid):
+            m.d.sync += result_row.eq(Mux(c.payload.last, 0, result_row + 1))
+        lut_reads = [lut.read_port(domain="comb") for _ in range(C)]
+        for j in range(C):
+            value = c.payload.data[j]
+            g_code = requant(m, value, cfg.shift_g, iw, f"g_code_{j}")
+            u_code = requant(m, value, cfg.shift_u, iw, f"u_code_{j}")
+            m.d.comb += lut_reads[j].addr.eq(g_code.as_unsigned())
+            old = Signal(signed(iw), name=f"h_old_{j}")
+            m.d.comb += old.eq(select(result_row, [select(head.chunk, [
+                hbuf[i][cc * C + j] if cc * C + j < F else Const(0) for cc in range(cF)])
+                for i in range(R)]))
+            h_code = requant(m, old * u_code, cfg.shift_h, iw, f"h_code_{j}")
+            new_h = Mux(head.kind == 0, lut_reads[j].data, h_code)
+            for i in range(R):
+                for cc in range(cF):
+                    f = cc * C + j
+                    if f < F:
+                        with m.If(c.valid & (head.kind != 2) & (result_row == i) &
+                                  (head.chunk == cc)):
+                            m.d.sync += hbuf[i][f].eq(new_h)
+            # down: the row's token gains gate * y in the chunk's columns
+            row_token = select(result_row, list(head.token))
+            row_gate = select(result_row, list(head.gate))
+            weighted = Signal(signed(product_bits), name=f"weighted_{j}")
+            m.d.comb += weighted.eq(value * Cat(row_gate, Const(0, 1)).as_signed())
+            for t in range(T):
+                for cc in range(cD):
+                    d = cc * C + j
+                    if d < D:
+                        with m.If(c.valid & (head.kind == 2) & (result_row < head.rows) &
+                                  (row_token == t) & (head.chunk == cc)):
+                            m.d.sync += sums[t][d].eq(sums[t][d] + weighted)
+
+        # --- drain, then emit one return packet per token, in arrival order ---
+        with m.If(draining & (in_flight == 0) & (jobs_due == 0)):
+            m.d.sync += [draining.eq(0), emitting.eq(1)]
+        out = self.up
+        emit_token = Signal(range(T))
+        emit_flit = Signal(range(H + X))
+        out_last = emit_flit == H + X - 1
+        m.d.comb += [out.valid.eq(emitting), out.payload.last.eq(out_last),
+                     out.payload.token.eq(select(emit_token, tok_id))]
+        for lane in range(L):
+            candidates = []
+            for b in range(X):
+                d = b * L + lane
+                candidates.append(select(emit_token, [sums[t][d] for t in range(T)])
+                                  if d < D else Const(0))
+            chosen_sum = Signal(signed(sum_bits), name=f"emit_sum_{lane}")
+            m.d.comb += chosen_sum.eq(select(emit_flit - H, candidates))
+            code = requant(m, chosen_sum, cfg.gate_shift, cfg.combine_width, f"ret_{lane}")
+            m.d.comb += out.payload.data[lane].eq(Mux(emit_flit < H, 0, code))
+        with m.If(out.valid & out.ready):
+            m.d.sync += emit_flit.eq(emit_flit + 1)
+            with m.If(out_last):
+                m.d.sync += [emit_flit.eq(0), emit_token.eq(emit_token + 1)]
+                with m.If(emit_token == count - 1):
+                    m.d.sync += [emitting.eq(0), emit_token.eq(0), count.eq(0),
+                                 *[v.eq(0) for v in members_len]]
+        return m
+
+
+register(Block(
+    name="expert_chiplet", family="moe_layer", config=ExpertChipletConfig, build=ExpertChiplet,
+    tb="moe_layer_chiplet",
+    figures=lambda cfg: golden.chiplet_figures(cfg.schedule),
+    summary="MoE layer leaf: experts' FFNs on a systolic tile from a PMU scratchpad, batched",
+    demo_configs=({},),
+    area_unit="PE", area_units=lambda cfg: cfg.rows * cfg.cols * cfg.arrays,
+    legend="PE utilization of a batch with every port ready",
+))
+
+
+# --------------------------------------------------------------------------------------------
+# moe_layer: moe_gate -> nop_tree -> expert_chiplet leaves -> in-network combine -> y
+# --------------------------------------------------------------------------------------------
+
+def _like(config_cls, name, default=None):
+    """A parameter declared as ``config_cls`` declares it (range and help written once),
+    optionally with another default."""
+    field = config_cls.__dataclass_fields__[name]
+    return dataclasses.field(default=field.default if default is None else default,
+                             metadata=field.metadata)
+
+
+@dataclasses.dataclass(frozen=True)
+class MoELayerConfig:
+    """Parameters of ``moe_layer``: those of its parts, named as they name them.
+
+    Routing and gate (``moe_gate``): experts, k, groups, topk_groups, token_width, d_model,
+    lanes, in_width, w_width, score_shift, score_width, gate_width, data_width, and
+    ``score_acc_width`` (its ``acc_width``). Tree (``nop_tree``): fanouts, max_inflight (its
+    ``acc_width`` is ``combine_width``, its ``max_flits`` one packet). Chiplets
+    (``expert_chiplet``, one per leaf): slots, d_ff, acc_width, shift_g, shift_u, shift_h,
+    gate_shift, combine_width, rows, cols, arrays, batch, batch_wait.
+    """
+    experts: int = _like(MoEGateConfig, "experts")
+    k: int = _like(MoEGateConfig, "k")
+    groups: int = _like(MoEGateConfig, "groups")
+    topk_groups: int = _like(MoEGateConfig, "topk_groups")
+    fanouts: tuple = _like(NopConfig, "fanouts", (2, 2))
+    max_inflight: int = _like(NopConfig, "max_inflight", 16)
+    slots: int = _like(ExpertChipletConfig, "slots")
+    token_width: int = _like(MoEGateConfig, "token_width")
+    d_model: int = _like(ExpertChipletConfig, "d_model")
+    d_ff: int = _like(ExpertChipletConfig, "d_ff")
+    lanes: int = _like(MoEGateConfig, "lanes")
+    in_width: int = _like(ExpertChipletConfig, "in_width")
+    w_width: int = _like(MoEGateConfig, "w_width")
+    score_acc_width: int = dataclasses.field(
+        default=32, metadata={**MoEGateConfig.__dataclass_fields__["acc_width"].metadata})
+    score_shift: int = _like(MoEGateConfig, "score_shift")
+    score_width: int = _like(MoEGateConfig, "score_width")
+    gate_width: int = _like(MoEGateConfig, "gate_width")
+    data_width: int = _like(MoEGateConfig, "data_width")
+    acc_width: int = _like(ExpertChipletConfig, "acc_width")
+    shift_g: int = _like(ExpertChipletConfig, "shift_g")
+    shift_u: int = _like(ExpertChipletConfig, "shift_u")
+    shift_h: int = _like(ExpertChipletConfig, "shift_h")
+    gate_shift: int = _like(ExpertChipletConfig, "gate_shift")
+    combine_width: int = _like(ExpertChipletConfig, "combine_width")
+    rows: int = _like(ExpertChipletConfig, "rows")
+    cols: int = _like(ExpertChipletConfig, "cols")
+    arrays: int = _like(ExpertChipletConfig, "arrays")
+    batch: int = _like(ExpertChipletConfig, "batch")
+    batch_wait: int = _like(ExpertChipletConfig, "batch_wait")
+
+    def __post_init__(self):
+        validate(self)
+        self.gate_config()
+        self.tree_config()
+        self.chiplet_config()
+        if self.experts > self.leaves * self.slots:
+            raise param_error("experts", self.experts,
+                              f"at most leaves * slots ({self.leaves * self.slots}): every "
+                              "expert needs a slot")
+
+    @property
+    def leaves(self):
+        return math.prod(self.fanouts)
+
+    @property
+    def header_flits(self):
+        return golden.header_flits(self.k, self.lanes)
+
+    @property
+    def x_flits(self):
+        return math.ceil(self.d_model / self.lanes)
+
+    def gate_config(self):
+        return MoEGateConfig(
+            experts=self.experts, k=self.k, groups=self.groups, topk_groups=self.topk_groups,
+            leaves=self.leaves, token_width=self.token_width, d_model=self.d_model,
+            lanes=self.lanes, in_width=self.in_width, w_width=self.w_width,
+            acc_width=self.score_acc_width, score_shift=self.score_shift,
+            score_width=self.score_width, gate_width=self.gate_width,
+            data_width=self.data_width)
+
+    def tree_config(self):
+        flits = self.header_flits + self.x_flits
+        if flits > 64:
+            raise param_error("d_model", self.d_model,
+                              f"at most {64 - self.header_flits} * lanes: a packet of "
+                              f"{flits} flits is longer than the tree's 64")
+        return NopConfig(fanouts=self.fanouts, lanes=self.lanes, data_width=self.data_width,
+                         acc_width=self.combine_width, token_width=self.token_width,
+                         max_flits=flits, max_inflight=self.max_inflight)
+
+    def chiplet_config(self):
+        return ExpertChipletConfig(
+            experts=self.experts, k=self.k, leaves=self.leaves, token_width=self.token_width,
+            lanes=self.lanes, data_width=self.data_width, gate_width=self.gate_width,
+            combine_width=self.combine_width, slots=self.slots, d_model=self.d_model,
+            d_ff=self.d_ff, in_width=self.in_width, w_width=self.w_width,
+            acc_width=self.acc_width, shift_g=self.shift_g, shift_u=self.shift_u,
+            shift_h=self.shift_h, gate_shift=self.gate_shift, rows=self.rows, cols=self.cols,
+            arrays=self.arrays, batch=self.batch, batch_wait=self.batch_wait)
+
+
+def layer_weights_layout(config):
+    """A weight beat of the layer: ``leaf`` (the chiplet) and a chiplet's weight beat."""
+    chiplet = weights_layout(config.chiplet_config())
+    return data.StructLayout({"leaf": max(1, ceil_log2(config.leaves)),
+                              **{name: field.shape for name, field in chiplet}})
+
+
+def y_layout(config):
+    return data.StructLayout({
+        "token": config.token_width,
+        "data": data.ArrayLayout(signed(config.combine_width), config.lanes), "last": 1})
+
+
+class MoELayer(ConfiguredComponent):
+    """The ``moe_layer`` block (contract: docs/blocks/moe_layer.md): ``moe_gate`` at the root
+    of a ``nop_tree`` whose leaves are ``expert_chiplet`` s; the tree's combine gives y.
+
+    Members
+    -------
+    x, wg, gate_lut, table : In(stream)
+        As ``moe_gate``'s.
+    weights : In(stream)
+        ``leaf`` and a chiplet weight beat: loads into chiplet ``leaf``.
+    act_lut : In(stream)
+        One activation-table entry, written into every chiplet; always ready.
+    y : Out(stream)
+        Per token, ceil(D/L) flits of y (``combine_width`` lanes), tagged with its token id.
+    leaf_packets : Out(leaves)
+        Bit i high in a cycle where chiplet i takes a packet's last flit (a token arrived).
+    down_link_fire, up_link_fire : Out
+        The tree's link taps (``nop_tree``).
+    error : Out(1)
+        Sticky: any part's error.
+    """
+
+    def __init__(self, config):
+        self._tree = NopTree(config.tree_config())
+        super().__init__(config, {
+            "x": In(stream.Signature(x_layout(config.gate_config()))),
+            "wg": In(stream.Signature(wg_layout(config.gate_config()))),
+            "gate_lut": In(stream.Signature(gate_lut_layout(config.gate_config()))),
+            "table": In(stream.Signature(table_layout(config.gate_config().router_config()))),
+            "weights": In(stream.Signature(layer_weights_layout(config))),
+            "act_lut": In(stream.Signature(act_lut_layout(config.chiplet_config()))),
+            "y": Out(stream.Signature(y_layout(config))),
+            "leaf_packets": Out(config.leaves),
+            "down_link_fire": Out(len(self._tree.down_link_fire)),
+            "up_link_fire": Out(len(self._tree.up_link_fire)),
+            "error": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.config
+        gate = m.submodules.gate = MoEGate(cfg.gate_config())
+        tree = m.submodules.tree = self._tree
+        for name in ("x", "wg", "gate_lut", "table"):
+            wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(gate, name))
+        wiring.connect(m, gate.packet, tree.down_in)
+        m.d.comb += [self.down_link_fire.eq(tree.down_link_fire),
+                     self.up_link_fire.eq(tree.up_link_fire)]
+        errors = [gate.error, tree.error]
+        weights = self.weights
+        ready = []
+        for leaf in range(cfg.leaves):
+            chiplet = m.submodules[f"chiplet{leaf}"] = ExpertChiplet(cfg.chiplet_config())
+            wiring.connect(m, tree.down_out[leaf], chiplet.down)
+            wiring.connect(m, chiplet.up, tree.up_in[leaf])
+            errors.append(chiplet.error)
+            mine = weights.payload.leaf == leaf
+            m.d.comb += [chiplet.weights.valid.eq(weights.valid & mine),
+                         chiplet.weights.payload.eq(weights.payload.as_value()[
+                             len(weights.payload.leaf):]),
+                         chiplet.act_lut.valid.eq(self.act_lut.valid),
+                         chiplet.act_lut.payload.eq(self.act_lut.payload),
+                         self.leaf_packets[leaf].eq(chiplet.down.valid & chiplet.down.ready &
+                                                    chiplet.down.payload.last)]
+            ready.append(mine & chiplet.weights.ready)
+        # A beat for a leaf that does not exist is taken, dropped, and sets error.
+        leaf_ok = weights.payload.leaf < cfg.leaves
+        m.d.comb += [weights.ready.eq(Cat(*ready).any() | ~leaf_ok),
+                     self.act_lut.ready.eq(1)]
+        bad_leaf = Signal()
+        with m.If(weights.valid & ~leaf_ok):
+            m.d.sync += bad_leaf.eq(1)
+        errors.append(bad_leaf)
+        m.d.comb += self.error.eq(Cat(*errors).any())
+
+        # y: the root's combined packets without their (all-zero) header flits.
+        root, y = tree.up_out, self.y
+        flit = Signal(range(cfg.header_flits + 1))
+        in_header = flit < cfg.header_flits
+        m.d.comb += [y.valid.eq(root.valid & ~in_header), root.ready.eq(in_header | y.ready),
+                     y.payload.token.eq(root.payload.token), y.payload.last.eq(root.payload.last),
+                     y.payload.data.eq(root.payload.data)]
+        with m.If(root.valid & root.ready):
+            m.d.sync += flit.eq(Mux(root.payload.last, 0, Mux(in_header, flit + 1, flit)))
+        return m
+
+
+register(Block(
+    name="moe_layer", family="moe_layer", config=MoELayerConfig, build=MoELayer,
+    tb="moe_layer_system",
+    figures=lambda cfg: {"leaves": cfg.leaves, "pes": cfg.leaves * cfg.rows * cfg.cols *
+                         cfg.arrays, "flits_per_token": cfg.header_flits + cfg.x_flits},
+    summary="the Mozart MoE layer: gate, NoP dispatch, expert chiplets, in-network combine",
+    demo_configs=({},),
+    area_unit="chiplet", area_units=lambda cfg: cfg.leaves,
+    legend="tokens per cycle of a batch against the busiest chiplet's MAC bound",
 ))

@@ -52,6 +52,9 @@ class Block:
         (:mod:`flows.threed`); None when the block has no tier partition.
     tier_contents : tuple of str, optional
         What the top and the bottom tier hold, for the 3D reports.
+    tb : str
+        The cocotb module's name after ``tb/test_`` when a family holds blocks with different
+        tests (default: the family's): ``tb/test_<family>_<what>.py``.
     synth_flatten : bool
         Flatten before the generic synthesis (the default). False maps each module on its
         own: Yosys 0.70's ABC (yowasp) exits without a word on flattened netlists holding several
@@ -71,10 +74,11 @@ class Block:
     tiers: Callable = None
     tier_contents: tuple = ("", "")
     synth_flatten: bool = True
+    tb: str = ""
 
     @property
     def tb_module(self):
-        return f"tb.test_{self.family}"
+        return f"tb.test_{self.tb or self.family}"
 
 
 def register(block):

@@ -62,6 +62,9 @@ def test_every_family_lives_in_exactly_its_five_places():
                 assert block.config.__module__ == f"hw.{family}", block.name
                 assert f"<!-- moegen:params {block.name} -->" in page, block.name
                 assert f"<!-- moegen:figures {block.name} -->" in page, block.name
+                # Its cocotb module is the family's, or one named after the family.
+                tb = block.tb_module.replace(".", "/") + ".py"
+                assert (ROOT / tb).is_file() and tb.startswith(f"tb/test_{family}"), tb
                 for params in block.demo_configs:
                     block.config(**params)          # demo configurations are valid
     # No second list of the families: nothing outside the registry names them all.

@@ -148,3 +148,110 @@ def test_gate_generates_with_the_documented_ports():
     names = {port["name"] for port in info["ports"]}
     assert {"x__payload", "wg__payload", "gate_lut__payload", "table__payload",
             "packet__payload", "error"} <= names
+
+
+# ---- expert_chiplet: the weight layout, the schedule, cocotb on both simulators -------------
+
+def test_weight_beats_put_each_weight_where_the_tile_reads_it():
+    shape = golden.ChipletShape(d_model=5, d_ff=3, rows=2, cols=2, arrays=3)
+    rng = random.Random(4)
+    wg, wu = ([[rng.randint(-9, 9) for _ in range(5)] for _ in range(3)] for _ in range(2))
+    wd = [[rng.randint(-9, 9) for _ in range(3)] for _ in range(5)]
+    beats = golden.weight_beats(shape, wg, wu, wd)
+    assert len(beats) == shape.expert_beats == 2 * 2 * 2 + 3 * 1
+    assert all(len(beat) == 6 for beat in beats)
+    # Tile-by-tile products of the beats give x·W^T for every matrix (zero padding included).
+    x = [rng.randint(-9, 9) for _ in range(5)]
+    for matrix, first, chunks, depth, width in ((wg, 0, 2, shape.k_x, 5),
+                                                (wu, 4, 2, shape.k_x, 5)):
+        for c in range(chunks):
+            for j in range(2):
+                total = sum(beats[first + c * depth + k][s * 2 + j] *
+                            (x[s * depth + k] if s * depth + k < width else 0)
+                            for s in range(3) for k in range(depth))
+                if c * 2 + j < 3:
+                    assert total == sum(w * v for w, v in zip(matrix[c * 2 + j], x))
+    h = [1, -2, 3]
+    for c in range(3):
+        for j in range(2):
+            total = sum(beats[8 + c + k][s * 2 + j] * (h[s + k] if s + k < 3 else 0)
+                        for s in range(3) for k in range(1))
+            if c * 2 + j < 5:
+                assert total == sum(w * v for w, v in zip(wd[c * 2 + j], h))
+
+
+def test_chiplet_schedule_counts_one_visit_per_slot_and_grows_with_groups():
+    shape = golden.ChipletShape(d_model=8, d_ff=8, rows=4, cols=4, arrays=2)
+    empty = golden.chiplet_batch_edges([0, 0], shape, 1)
+    assert empty["first_return"] == 2 + 1 + 1 and empty["compute_edges"] == 0
+    one = golden.chiplet_batch_edges([1, 0], shape, 1)
+    five = golden.chiplet_batch_edges([5, 0], shape, 5)
+    assert five["first_return"] > one["first_return"]     # two groups of R = 4 rows
+    assert golden.chiplet_batch_edges([4, 0], shape, 4) == one   # one full group: same time
+
+
+# The defaults; odd sizes everywhere (3 slots, D=5, F=3, 3 lanes, a 3x2 tile of 3 arrays, a
+# batch of 5, 2 header flits); the smallest corner (1 of everything, 2-bit elements); a tall
+# narrow tile (R = 6 > K, so the tile's spacing rule paces it) with one slot per expert bit.
+CHIPLET_CONFIGS = [
+    {},
+    {"experts": 7, "k": 3, "slots": 3, "d_model": 5, "d_ff": 3, "lanes": 2, "rows": 3,
+     "cols": 2, "arrays": 3, "batch": 5, "batch_wait": 3, "in_width": 6, "w_width": 5,
+     "acc_width": 20, "combine_width": 20, "gate_width": 4, "data_width": 8},
+    {"experts": 2, "k": 1, "slots": 1, "leaves": 1, "d_model": 1, "d_ff": 1, "lanes": 1,
+     "rows": 1, "cols": 1, "arrays": 1, "batch": 1, "batch_wait": 1, "in_width": 2,
+     "w_width": 2, "gate_width": 1, "data_width": 2, "shift_g": 0, "shift_u": 0,
+     "shift_h": 0, "gate_shift": 0},
+    {"experts": 4, "k": 2, "slots": 4, "d_model": 4, "d_ff": 6, "lanes": 4, "rows": 6,
+     "cols": 3, "arrays": 1, "batch": 7, "shift_g": 3, "gate_shift": 5},
+]
+CHIPLET_COCOTB_TESTS = 10
+
+
+@pytest.mark.parametrize("simulator", ["icarus", "verilator"])
+@pytest.mark.parametrize("params", CHIPLET_CONFIGS, ids=[config_id(p) for p in CHIPLET_CONFIGS])
+def test_chiplet_cocotb(params, simulator):
+    assert run_block("expert_chiplet", params, simulator).tests == CHIPLET_COCOTB_TESTS
+
+
+@pytest.mark.parametrize("params, name", [
+    ({"arrays": 8, "cols": 5}, "cols"),                    # a weight beat over 32 lanes
+    ({"data_width": 6}, "data_width"),                     # narrower than in_width
+    ({"slots": 8, "d_model": 64, "d_ff": 64, "cols": 1, "arrays": 1}, "slots"),
+    ({"in_width": 11}, "in_width"),
+])
+def test_chiplet_config_errors_name_the_parameter(params, name):
+    with pytest.raises(ParamError, match=f"parameter '{name}'"):
+        get_block("expert_chiplet").config(**params)
+
+
+# ---- moe_layer: the system -----------------------------------------------------------------
+
+# The defaults (8 experts on 4 chiplets of 2 slots, a 2,2 tree); an odd one: node-limited 6
+# experts in 3 groups on a 3-leaf tree, D = 5, F = 3, 2 lanes (2 header flits), a 3x2 tile of
+# 3 arrays, batches of 3.
+LAYER_CONFIGS = [
+    {},
+    {"experts": 6, "k": 3, "groups": 3, "topk_groups": 2, "fanouts": (3,), "slots": 2,
+     "d_model": 5, "d_ff": 3, "lanes": 2, "rows": 3, "cols": 2, "arrays": 3, "batch": 3,
+     "batch_wait": 4, "in_width": 6, "w_width": 5, "score_width": 4, "gate_width": 4,
+     "data_width": 8, "acc_width": 20, "combine_width": 20, "score_shift": 3},
+]
+LAYER_COCOTB_TESTS = 9
+
+
+@pytest.mark.parametrize("simulator", ["icarus", "verilator"])
+@pytest.mark.parametrize("params", LAYER_CONFIGS, ids=[config_id(p) for p in LAYER_CONFIGS])
+def test_layer_cocotb(params, simulator):
+    assert run_block("moe_layer", params, simulator).tests == LAYER_COCOTB_TESTS
+
+
+@pytest.mark.parametrize("params, name", [
+    ({"experts": 9}, "experts"),                           # 9 experts, 4 chiplets of 2 slots
+    ({"d_model": 64, "lanes": 1}, "d_model"),              # a packet longer than 64 flits
+    ({"fanouts": (2, 2), "k": 9}, "k"),
+    ({"in_width": 12}, "in_width"),
+])
+def test_layer_config_errors_name_the_parameter(params, name):
+    with pytest.raises(ParamError, match=f"parameter '{name}'"):
+        get_block("moe_layer").config(**params)

@@ -47,7 +47,7 @@ def range_ends():
             for value in _ends(field):
                 others = [f for f in fields if f != name]
                 found = None
-                for count in range(4):
+                for count in range(5):
                     for chosen in itertools.combinations(others, count):
                         for values in itertools.product(*(_ends(fields[o]) for o in chosen)):
                             params = {name: value, **dict(zip(chosen, values))}

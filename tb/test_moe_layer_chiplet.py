@@ -1,0 +1,313 @@
+"""cocotb tests of ``expert_chiplet`` (a leaf of the MoE layer) against ``golden.moe_layer``.
+
+Every return flit is compared, in order, with the golden return of its token: the sum over the
+token's chosen experts held by the chiplet of gate * FFN(x), rounded once to ``combine_width``
+(``golden.moe_layer.chiplet_return``). Weights are loaded in the tile order of
+``golden.moe_layer.weight_beats``.
+"""
+
+import time
+
+import cocotb
+from cocotb.triggers import ClockCycles
+
+from golden import moe_layer as golden
+from golden import ndp as golden_ndp
+from golden.fixed import signed_limits
+from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, pause_fraction,
+                        reset_dut, start_after_reset, wait_for)
+
+
+class ChipletBench(StreamBench):
+    """Sources on down, weights and act_lut; a sink on up; the golden state of the slots."""
+
+    def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
+        super().__init__(dut, component, rng, ("down", "weights", "act_lut"), ("up",), gap,
+                         stall)
+        self.cfg = config
+        self.up = self.sinks["up"]
+        self.board = InOrderScoreboard("up", component.up.payload.shape())
+        self.slot_expert = {}               # slot -> (expert, (wg, wu, wd)), after its load
+        self.act = [0] * (1 << config.in_width)
+        self.tokens = 0
+        self.token_slots = []               # per token sent: the slots its choices use
+
+    @property
+    def shape(self):
+        return self.cfg.schedule
+
+    def random_expert(self):
+        cfg, rng = self.cfg, self.rng
+        low, high = signed_limits(cfg.w_width)
+
+        def matrix(rows, cols):
+            return [[rng.randint(low, high) for _ in range(cols)] for _ in range(rows)]
+        return (matrix(cfg.d_ff, cfg.d_model), matrix(cfg.d_ff, cfg.d_model),
+                matrix(cfg.d_model, cfg.d_ff))
+
+    def load(self, slot, expert, weights=None):
+        """Queue one expert's load into ``slot``; the golden slot follows."""
+        weights = weights or self.random_expert()
+        beats = golden.weight_beats(self.shape, *weights)
+        for index, beat in enumerate(beats):
+            self.sources["weights"].send({"slot": slot, "expert": expert, "data": beat,
+                                          "last": int(index == len(beats) - 1)})
+        self.slot_expert[slot] = (expert, weights)
+
+    def load_act(self, table=None):
+        cfg = self.cfg
+        table = table or golden_ndp.activation_lut("silu", cfg.in_width, 4, 4)
+        for index, value in enumerate(table):
+            self.sources["act_lut"].send({"index": index, "value": value})
+        self.act = list(table)
+
+    async def configure(self, slots=None):
+        """The activation table and every slot loaded (expert s+1 in slot s by default)."""
+        cfg = self.cfg
+        self.load_act()
+        for slot in range(cfg.slots):
+            self.load(slot, (slots or {}).get(slot, (slot + 1) % cfg.experts))
+        await self.settle()
+
+    async def settle(self):
+        budget = 20 * (len(self.act) + self.cfg.slots * self.shape.expert_beats) + 500
+        await wait_for(self.dut, lambda: self.sources["weights"].idle and
+                       self.sources["act_lut"].idle, budget, "weights and table written")
+
+    def model(self):
+        """A ``golden.moe_layer.MoELayer`` whose leaf 0 is this chiplet."""
+        cfg = self.cfg
+        experts = [self.random_expert_zero()] * cfg.experts
+        placement = [1] * cfg.experts
+        for expert, weights in self.slot_expert.values():
+            experts = list(experts)
+            experts[expert] = weights
+            placement[expert] = 0
+        return golden.MoELayer(
+            wg=[[0] * cfg.experts] * cfg.d_model, experts=experts, placement=placement,
+            gate_lut=[0], act_lut=list(self.act),
+            shifts=(cfg.shift_g, cfg.shift_u, cfg.shift_h), k=cfg.k, in_width=cfg.in_width,
+            acc_width=cfg.acc_width, gate_shift=cfg.gate_shift, data_width=cfg.data_width,
+            combine_width=cfg.combine_width, lanes=cfg.lanes, gate_width=cfg.gate_width)
+
+    def random_expert_zero(self):
+        cfg = self.cfg
+        return ([[0] * cfg.d_model] * cfg.d_ff, [[0] * cfg.d_model] * cfg.d_ff,
+                [[0] * cfg.d_ff] * cfg.d_model)
+
+    # --- tokens ---
+    def random_x(self, extremes=False):
+        low, high = signed_limits(self.cfg.in_width)
+        if extremes:
+            return [self.rng.choice((low, high)) for _ in range(self.cfg.d_model)]
+        return [self.rng.randint(low, high) for _ in range(self.cfg.d_model)]
+
+    def random_choices(self, held=None):
+        """k distinct experts with random gates; ``held``: how many of them this chiplet
+        holds (random by default)."""
+        cfg, rng = self.cfg, self.rng
+        hosted = sorted({e for e, _ in self.slot_expert.values()})
+        others = [e for e in range(cfg.experts) if e not in hosted]
+        if held is None:
+            held = rng.randint(0, min(cfg.k, len(hosted)))
+        held = max(min(held, len(hosted), cfg.k), cfg.k - len(others))   # k distinct
+        picked = rng.sample(hosted, held) + rng.sample(others, cfg.k - held)
+        rng.shuffle(picked)
+        return [(e, rng.randint(0, (1 << cfg.gate_width) - 1)) for e in picked]
+
+    def send_token(self, x, choices, token=None, length=None):
+        """Queue a dispatch packet and the return it must bring; ``length`` misframes it."""
+        cfg = self.cfg
+        token = (self.tokens if token is None else token) % (1 << cfg.token_width)
+        self.tokens += 1
+        gates = [g for _, g in choices]
+        flits = golden.dispatch_flits([e for e, _ in choices], gates, x, cfg.lanes,
+                                      cfg.gate_width)
+        length = len(flits) if length is None else length
+        sent = (flits + [[0] * cfg.lanes] * length)[:length]
+        half = 1 << (cfg.data_width - 1)
+        for index, flit in enumerate(sent):
+            lanes = [(v + half) % (2 * half) - half for v in flit]
+            self.sources["down"].send({"token": token, "mask": 1, "data": lanes,
+                                       "last": int(index == length - 1)})
+        # A short packet: the missing x elements are 0; a long one: extra flits ignored.
+        got_x = [0] * cfg.d_model
+        for d in range(cfg.d_model):
+            index = golden.header_flits(cfg.k, cfg.lanes) + d // cfg.lanes
+            if index < length:
+                got_x[d] = x[d]
+        held = [(e, g) for e, g in choices if length > (choices.index((e, g)) // cfg.lanes)]
+        self.token_slots.append({slot for slot, (e, _) in self.slot_expert.items()
+                                 if e in {e for e, _ in held}})
+        values = golden.chiplet_return(self.model(), 0, held, got_x)
+        header = golden.header_flits(cfg.k, cfg.lanes)
+        body = [[0] * cfg.lanes for _ in range(header)] + [
+            [values[b * cfg.lanes + l] if b * cfg.lanes + l < cfg.d_model else 0
+             for l in range(cfg.lanes)] for b in range(cfg.x_flits)]
+        for index, lanes in enumerate(body):
+            self.board.expect_payload({"token": token, "data": lanes,
+                                       "last": int(index == len(body) - 1)})
+
+    async def finish(self, max_cycles):
+        await wait_for(self.dut, lambda: len(self.up.received) >= len(self.board.expected),
+                       max_cycles, f"{len(self.board.expected)} return flits")
+        await ClockCycles(self.dut.clk, 2 * self.cfg.batch_wait + 20)   # nothing extra
+        self.board.check(self.up)
+
+
+async def _setup(dut, salt, gap=0.0, stall=0.0, **configure):
+    _, config, component = load_dut_config()
+    bench = ChipletBench(dut, config, component, make_rng(salt), gap, stall)
+    await start_after_reset(dut, bench)
+    await bench.configure(**configure)
+    return bench
+
+
+def _budget(bench, tokens, gap=0.0, stall=0.0):
+    cfg, shape = bench.cfg, bench.shape
+    slowdown = 1.0 / ((1.0 - pause_fraction(gap)) * (1.0 - pause_fraction(stall)))
+    per_token = (cfg.header_flits + cfg.x_flits) * 2 + cfg.k * shape.expert_beats * 2
+    return int((tokens * per_token + 40 * cfg.slots + 4 * cfg.batch_wait) * slowdown * 3) + 2000
+
+
+@cocotb.test()
+async def test_batch_cycles_no_stalls(dut):
+    """Every port ready: two full batches and a partial one, random routing; exact returns,
+    each batch's first return ``golden.moe_layer.chiplet_batch_edges`` edges after its final
+    flit in, and its returns back to back."""
+    bench = await _setup(dut, "values")
+    cfg = bench.cfg
+    tokens = 2 * cfg.batch + 1
+    for _ in range(tokens):
+        bench.send_token(bench.random_x(), bench.random_choices())
+    await bench.finish(_budget(bench, tokens))
+    assert not dut.error.value
+    flits = cfg.header_flits + cfg.x_flits
+    sent = bench.sources["down"].sent_edges
+    returned = [edge for edge, _ in bench.up.received]
+    for b in range(2):
+        batch = range(b * cfg.batch, (b + 1) * cfg.batch)
+        slot_tokens = [sum(slot in bench.token_slots[t] for t in batch)
+                       for slot in range(cfg.slots)]
+        model = golden.chiplet_batch_edges(slot_tokens, bench.shape, cfg.batch)
+        final_in = sent[(b + 1) * cfg.batch * flits - 1]
+        out = returned[b * cfg.batch * flits:(b + 1) * cfg.batch * flits]
+        assert out[0] - final_in == model["first_return"], \
+            f"batch {b}: slots {slot_tokens}: {out[0] - final_in} != {model['first_return']}"
+        assert out == list(range(out[0], out[0] + len(out))), "a bubble between returns"
+
+
+@cocotb.test()
+@cocotb.parametrize((("gap", "stall"), STALL_PROFILES))
+async def test_random_stalls(dut, gap, stall):
+    """Random and long-burst gaps on down, weights and act_lut; stalls on up."""
+    bench = await _setup(dut, f"stalls:{gap}:{stall}", gap, stall)
+    tokens = 3 * bench.cfg.batch + 2
+    for token in range(tokens):
+        bench.send_token(bench.random_x(extremes=token % 5 == 0), bench.random_choices())
+    await bench.finish(_budget(bench, tokens, gap, stall))
+    assert not dut.error.value
+
+
+@cocotb.test()
+async def test_hot_expert_and_every_slot(dut):
+    """One expert takes every token, then every token uses every held expert."""
+    bench = await _setup(dut, "hot", 0.2, 0.2)
+    cfg = bench.cfg
+    hot = bench.slot_expert[0][0]
+    for _ in range(cfg.batch + 1):
+        choices = [(e, g) for e, g in bench.random_choices(held=0) if e != hot]
+        choices = [(hot, bench.rng.randint(0, (1 << cfg.gate_width) - 1))] + choices[:cfg.k - 1]
+        bench.send_token(bench.random_x(), choices)
+    for _ in range(cfg.batch + 1):
+        bench.send_token(bench.random_x(), bench.random_choices(held=cfg.k))
+    await bench.finish(_budget(bench, 2 * cfg.batch + 2, 0.2, 0.2))
+
+
+@cocotb.test()
+async def test_weights_reloaded_between_batches(dut):
+    """A slot reloaded with another expert between batches: later tokens see the new one."""
+    bench = await _setup(dut, "reload", 0.1, 0.1)
+    cfg = bench.cfg
+    for _ in range(cfg.batch):
+        bench.send_token(bench.random_x(), bench.random_choices(held=1))
+    await bench.finish(_budget(bench, cfg.batch, 0.1, 0.1))
+    held = {e for e, _ in bench.slot_expert.values()}
+    free = [e for e in range(cfg.experts) if e not in held]
+    bench.load(0, free[0] if free else bench.slot_expert[0][0])    # new weights either way
+    await bench.settle()
+    for _ in range(cfg.batch):
+        bench.send_token(bench.random_x(), bench.random_choices(held=cfg.k))
+    await bench.finish(_budget(bench, 2 * cfg.batch, 0.1, 0.1))
+    assert not dut.error.value
+
+
+@cocotb.test()
+async def test_reset_mid_batch(dut):
+    """Reset while a batch computes: nothing stale after; the weights and tags are kept."""
+    bench = await _setup(dut, "reset", 0.2, 0.3)
+    cfg = bench.cfg
+    for _ in range(cfg.batch):
+        bench.send_token(bench.random_x(), bench.random_choices(held=cfg.k))
+    await wait_for(dut, lambda: len(bench.sources["down"].sent_edges) >=
+                   cfg.batch * (cfg.header_flits + cfg.x_flits), _budget(bench, cfg.batch, 0.2),
+                   "a batch sent")
+    await ClockCycles(dut.clk, 3)
+    await bench.reset(3)
+    assert not dut.up__valid.value and not dut.error.value
+    bench.board.expected.clear()
+    bench.up.received.clear()
+    for _ in range(cfg.batch + 1):
+        bench.send_token(bench.random_x(), bench.random_choices())
+    await bench.finish(_budget(bench, cfg.batch + 1, 0.2, 0.3))
+    assert not dut.error.value
+
+
+@cocotb.test()
+async def test_misuse(dut):
+    """A short packet (missing x is 0) and a long one (extra flits ignored) set the sticky
+    error and still return; a load into a slot that does not exist is dropped."""
+    bench = await _setup(dut, "misuse")
+    cfg = bench.cfg
+    full = cfg.header_flits + cfg.x_flits
+    bench.send_token(bench.random_x(), bench.random_choices(held=1), length=full + 2)
+    await bench.finish(_budget(bench, 1))
+    assert dut.error.value == 1, "a long packet did not set error"
+    await reset_dut(dut)
+    bench.send_token(bench.random_x(), bench.random_choices(held=1),
+                     length=max(1, full - 1))
+    await bench.finish(_budget(bench, 1))
+    assert dut.error.value == 1, "a short packet did not set error"
+    if cfg.slots < 1 << max(1, (cfg.slots - 1).bit_length()):
+        await reset_dut(dut)
+        saved = dict(bench.slot_expert)
+        bench.load(cfg.slots, 0)
+        bench.slot_expert = saved
+        await bench.settle()
+        await ClockCycles(dut.clk, 2)
+        assert dut.error.value == 1, "a load into a missing slot did not set error"
+        bench.send_token(bench.random_x(), bench.random_choices(held=cfg.k))
+        await bench.finish(_budget(bench, 1))
+
+
+@cocotb.test()
+async def test_throughput(dut):
+    """Every port saturated, weights resident: PE utilization of full batches (MACs of the
+    chosen experts over PEs x cycles from the first flit in to the last flit out)."""
+    bench = await _setup(dut, "throughput")
+    cfg = bench.cfg
+    batches = 4
+    tokens = batches * cfg.batch
+    for _ in range(tokens):
+        bench.send_token(bench.random_x(), bench.random_choices(held=min(cfg.k, cfg.slots)))
+    began = time.perf_counter()
+    await bench.finish(_budget(bench, tokens))
+    wall = time.perf_counter() - began
+    first = bench.sources["down"].sent_edges[0]
+    last = bench.up.received[-1][0]
+    cycles = last - first + 1
+    macs = tokens * min(cfg.k, cfg.slots) * golden.expert_macs(cfg.d_model, cfg.d_ff)
+    metrics = {"tokens": tokens, "cycles": cycles,
+               "pe_utilization": round(macs / (cycles * bench.shape.pes), 4)}
+    write_throughput(metrics, "one batch after another, weights resident", cycles / wall)

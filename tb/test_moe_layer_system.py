@@ -1,0 +1,271 @@
+"""cocotb tests of ``moe_layer`` (gate -> NoP tree -> expert chiplets -> in-network combine)
+against the NumPy layer ``golden.moe_layer.layer``: y bit-exact for every token, each token
+exactly once (tokens leave the root in completion order, tagged with their id), and the tokens
+each chiplet received equal to the golden routing's.
+"""
+
+import time
+
+import cocotb
+from cocotb.triggers import ClockCycles
+
+from golden import moe_layer as golden
+from golden import ndp as golden_ndp
+from golden.fixed import signed_limits
+from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.streams import (STALL_PROFILES, StreamBench, pause_fraction, start_after_reset,
+                        wait_for, edge_now)
+
+INPUTS = ("x", "wg", "gate_lut", "table", "weights", "act_lut")
+
+
+class LayerBench(StreamBench):
+    """Sources on every input, a sink on y, the golden layer, and a count of the tokens each
+    chiplet takes (from ``leaf_packets``)."""
+
+    def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
+        super().__init__(dut, component, rng, INPUTS, ("y",), gap, stall)
+        self.cfg = config
+        self.y = self.sinks["y"]
+        self.model = None
+        self.expected = {}                  # token id -> y
+        self.leaf_tokens = [0] * config.leaves
+        self.routes = []
+        self.first_x_edge = None
+
+    def start(self):
+        super().start()
+        cocotb.start_soon(self._count_leaf_packets())
+
+    async def _count_leaf_packets(self):
+        from cocotb.triggers import RisingEdge
+        while True:
+            await RisingEdge(self.dut.clk)
+            if not self.dut.rst.value:
+                bits = int(self.dut.leaf_packets.value)
+                for leaf in range(self.cfg.leaves):
+                    self.leaf_tokens[leaf] += (bits >> leaf) & 1
+
+    # --- configuration ---
+    def random_model(self, placement=None, hot=None):
+        cfg, rng = self.cfg, self.rng
+        low, high = signed_limits(cfg.w_width)
+
+        def matrix(rows, cols):
+            return [[rng.randint(low, high) for _ in range(cols)] for _ in range(rows)]
+        wg = matrix(cfg.d_model, cfg.experts)
+        if hot is not None:                 # one expert's column far above the rest
+            wg = [[high if e == hot else low for e in range(cfg.experts)]
+                  for _ in range(cfg.d_model)]
+        placement = placement or [e % cfg.leaves for e in range(cfg.experts)]
+        return golden.MoELayer(
+            wg=wg, experts=[(matrix(cfg.d_ff, cfg.d_model), matrix(cfg.d_ff, cfg.d_model),
+                             matrix(cfg.d_model, cfg.d_ff)) for _ in range(cfg.experts)],
+            placement=placement,
+            gate_lut=[rng.randint(0, (1 << cfg.gate_width) - 1)
+                      for _ in range(1 << cfg.score_width)],
+            act_lut=golden_ndp.activation_lut("silu", cfg.in_width, 4, 4),
+            shifts=(cfg.shift_g, cfg.shift_u, cfg.shift_h), k=cfg.k, groups=cfg.groups,
+            topk_groups=cfg.topk_groups, in_width=cfg.in_width, acc_width=cfg.acc_width,
+            score_shift=cfg.score_shift, score_width=cfg.score_width,
+            gate_width=cfg.gate_width, gate_shift=cfg.gate_shift, data_width=cfg.data_width,
+            combine_width=cfg.combine_width, lanes=cfg.lanes)
+
+    async def configure(self, model, weights=True):
+        """Write the model: W_g, the gate table, the router's table, the activation table and
+        (``weights``) every expert into a slot of its chiplet."""
+        cfg = self.cfg
+        source = self.sources
+        for d, row in enumerate(model.wg):
+            source["wg"].send({"row": d, "data": row})
+        for code, value in enumerate(model.gate_lut):
+            source["gate_lut"].send({"code": code, "value": value})
+        for expert, leaf in enumerate(model.placement):
+            source["table"].send({"expert": expert, "leaf": leaf})
+        for index, value in enumerate(model.act_lut):
+            source["act_lut"].send({"index": index, "value": value})
+        if weights:
+            used = [0] * cfg.leaves
+            for expert, leaf in enumerate(model.placement):
+                beats = golden.weight_beats(cfg.chiplet_config().schedule, *model.experts[expert])
+                for index, beat in enumerate(beats):
+                    source["weights"].send({"leaf": leaf, "slot": used[leaf], "expert": expert,
+                                            "data": beat, "last": int(index == len(beats) - 1)})
+                used[leaf] += 1
+        self.model = model
+        shape = cfg.chiplet_config().schedule
+        budget = 30 * (cfg.d_model + len(model.gate_lut) + len(model.act_lut) +
+                       cfg.experts * shape.expert_beats) + 1000
+        await wait_for(self.dut, lambda: all(source[n].idle for n in INPUTS), budget,
+                       "configuration written")
+
+    # --- tokens ---
+    def random_x(self, extremes=False):
+        low, high = signed_limits(self.cfg.in_width)
+        if extremes:
+            return [self.rng.choice((low, high)) for _ in range(self.cfg.d_model)]
+        return [self.rng.randint(low, high) for _ in range(self.cfg.d_model)]
+
+    def send_tokens(self, tokens, first_id=0):
+        """Queue tokens (ids from ``first_id``) and their golden y."""
+        cfg = self.cfg
+        out = golden.layer(self.model, tokens)
+        for offset, (x, y) in enumerate(zip(tokens, out["y"])):
+            token = (first_id + offset) % (1 << cfg.token_width)
+            assert token not in self.expected, "a token id still in flight"
+            for b in range(cfg.x_flits):
+                lanes = (list(x[b * cfg.lanes:(b + 1) * cfg.lanes]) + [0] * cfg.lanes)[
+                    :cfg.lanes]
+                self.sources["x"].send({"token": token, "data": lanes,
+                                        "last": int(b == cfg.x_flits - 1)})
+            self.expected[token] = [int(v) for v in y]
+        self.routes.append(out)
+        return out
+
+    def received_tokens(self):
+        """``{token: y}`` from the y flits so far; checks framing (``last`` on every X-th)."""
+        cfg, got, current = self.cfg, {}, []
+        for _, beat in self.y.received:
+            current.append(beat)
+            if len(current) == cfg.x_flits:
+                assert int(beat.last) == 1, "a y packet without last on its final flit"
+                token = int(beat.token)
+                assert all(int(b.token) == token for b in current), "token changed in a packet"
+                assert token not in got, f"token {token} twice"
+                values = [int(v) for b in current for v in b.data][:cfg.d_model]
+                got[token] = values
+                current = []
+            else:
+                assert int(beat.last) == 0, "last before the packet's final flit"
+        return got
+
+    async def finish(self, max_cycles):
+        await wait_for(self.dut, lambda: len(self.y.received) >= len(self.expected) *
+                       self.cfg.x_flits, max_cycles, f"{len(self.expected)} tokens of y")
+        await ClockCycles(self.dut.clk, 2 * self.cfg.batch_wait + 40)     # nothing extra
+        got = self.received_tokens()
+        assert set(got) == set(self.expected), \
+            f"tokens missing {set(self.expected) - set(got)}, extra {set(got) - set(self.expected)}"
+        for token, y in self.expected.items():
+            assert got[token] == y, f"token {token}: y {got[token]} != golden {y}"
+        assert not self.dut.error.value
+        self.dut._log.info(f"{len(got)} tokens of y bit-exact at edge {edge_now()}")
+
+
+async def _setup(dut, salt, gap=0.0, stall=0.0, placement=None, hot=None):
+    _, config, component = load_dut_config()
+    bench = LayerBench(dut, config, component, make_rng(salt), gap, stall)
+    await start_after_reset(dut, bench)
+    await bench.configure(bench.random_model(placement, hot))
+    return bench
+
+
+def _budget(bench, tokens, gap=0.0, stall=0.0):
+    cfg = bench.cfg
+    shape = cfg.chiplet_config().schedule
+    slowdown = 1.0 / ((1.0 - pause_fraction(gap)) * (1.0 - pause_fraction(stall)))
+    per_token = 4 * (cfg.header_flits + cfg.x_flits) + 2 * cfg.k * shape.expert_beats
+    return int((tokens * per_token + 60 * cfg.slots + 8 * cfg.batch_wait) * slowdown * 3) + 3000
+
+
+@cocotb.test()
+async def test_layer_bit_exact(dut):
+    """Every port ready: y bit-exact for every token of two batches per chiplet; each chiplet
+    received exactly the tokens the golden routing sends it (a token once per chiplet)."""
+    bench = await _setup(dut, "exact")
+    cfg = bench.cfg
+    tokens = [bench.random_x(extremes=t % 7 == 3) for t in range(2 * cfg.batch + 3)]
+    out = bench.send_tokens(tokens)
+    await bench.finish(_budget(bench, len(tokens)))
+    assert bench.leaf_tokens == out["chiplet_tokens"]
+
+
+@cocotb.test()
+@cocotb.parametrize((("gap", "stall"), STALL_PROFILES))
+async def test_random_stalls(dut, gap, stall):
+    """Random and long-burst gaps on every input (x, the tables, the weights), stalls on y."""
+    bench = await _setup(dut, f"stalls:{gap}:{stall}", gap, stall)
+    tokens = [bench.random_x() for _ in range(2 * bench.cfg.batch + 1)]
+    bench.send_tokens(tokens)
+    await bench.finish(_budget(bench, len(tokens), gap, stall))
+
+
+@cocotb.test()
+async def test_hot_expert_and_clustered_placement(dut):
+    """A hot expert takes every token (one chiplet does all the work); then the experts placed
+    in clusters (consecutive experts on one chiplet) instead of round-robin."""
+    _, config, _ = load_dut_config()
+    bench = await _setup(dut, "hot", 0.2, 0.2, hot=config.experts - 1)
+    tokens = [[signed_limits(config.in_width)[1]] * config.d_model
+              for _ in range(config.batch + 1)]
+    out = bench.send_tokens(tokens)
+    await bench.finish(_budget(bench, len(tokens), 0.2, 0.2))
+    assert bench.leaf_tokens == out["chiplet_tokens"]
+    clustered = [e // config.slots for e in range(config.experts)]
+    bench.leaf_tokens = [0] * config.leaves
+    await bench.configure(bench.random_model(clustered))
+    out = bench.send_tokens([bench.random_x() for _ in range(config.batch + 1)],
+                            first_id=config.batch + 1)
+    await bench.finish(_budget(bench, config.batch + 1, 0.2, 0.2))
+    assert bench.leaf_tokens == out["chiplet_tokens"]
+
+
+@cocotb.test()
+async def test_reset_mid_batch(dut):
+    """Reset with tokens in the gate, the tree and the chiplets: nothing stale after. The
+    router's table resets (every expert on leaf 0), so it is written again; weights, W_g and
+    the tables kept."""
+    bench = await _setup(dut, "reset", 0.1, 0.3)
+    cfg = bench.cfg
+    bench.send_tokens([bench.random_x() for _ in range(cfg.batch + 2)])
+    await wait_for(dut, lambda: len(bench.sources["x"].sent_edges) >= cfg.batch * cfg.x_flits,
+                   _budget(bench, cfg.batch), "tokens in flight")
+    await ClockCycles(dut.clk, 5)
+    await bench.reset(3)
+    assert not dut.y__valid.value and not dut.error.value
+    bench.expected.clear()
+    for expert, leaf in enumerate(bench.model.placement):
+        bench.sources["table"].send({"expert": expert, "leaf": leaf})
+    await wait_for(dut, lambda: bench.sources["table"].idle, 50 * cfg.experts + 200, "table")
+    bench.send_tokens([bench.random_x() for _ in range(cfg.batch + 1)], first_id=100)
+    await bench.finish(_budget(bench, cfg.batch + 1, 0.1, 0.3))
+
+
+@cocotb.test()
+async def test_weights_reloaded_between_batches(dut):
+    """New weights for every expert between batches: later tokens see only the new ones."""
+    bench = await _setup(dut, "reload", 0.1, 0.1)
+    cfg = bench.cfg
+    bench.send_tokens([bench.random_x() for _ in range(cfg.batch)])
+    await bench.finish(_budget(bench, cfg.batch, 0.1, 0.1))
+    await bench.configure(bench.random_model())
+    bench.expected.clear()
+    bench.y.received.clear()
+    bench.send_tokens([bench.random_x() for _ in range(cfg.batch)], first_id=cfg.batch)
+    await bench.finish(_budget(bench, cfg.batch, 0.1, 0.1))
+
+
+@cocotb.test()
+async def test_throughput(dut):
+    """A batch of 64 tokens with every port ready and the weights resident: tokens per cycle
+    and the cycles against the busiest chiplet's MAC bound (golden.moe_layer.mac_bound)."""
+    bench = await _setup(dut, "throughput")
+    cfg = bench.cfg
+    tokens = [bench.random_x() for _ in range(64)]
+    began_edge = edge_now()
+    began = time.perf_counter()
+    out = bench.send_tokens(tokens)
+    await bench.finish(_budget(bench, len(tokens)))
+    wall = time.perf_counter() - began
+    last = bench.y.received[-1][0]
+    first = bench.sources["x"].sent_edges[0]
+    cycles = last - first + 1
+    pes = cfg.rows * cfg.cols * cfg.arrays
+    bound = golden.mac_bound(out["chiplet_macs"], pes)
+    metrics = {"tokens": len(tokens), "cycles": cycles,
+               "tokens_per_cycle": round(len(tokens) / cycles, 4), "mac_bound_cycles": bound,
+               "of_bound": round(bound / cycles, 4), "replication": out["replication"],
+               "chiplet_tokens": out["chiplet_tokens"]}
+    assert bench.leaf_tokens == out["chiplet_tokens"]
+    write_throughput(metrics, "a 64-token batch, weights resident",
+                     (edge_now() - began_edge) / wall)
