@@ -146,8 +146,11 @@ def cmd_bench(args):
 
 
 def cmd_demo(args):
-    from flows.bench import run_demo
-    return run_demo()
+    if args.all:
+        from flows.bench import run_demo
+        return run_demo()
+    from flows.demo import run_layer_demo
+    return run_layer_demo()
 
 
 def cmd_docs(args):
@@ -230,8 +233,11 @@ def _parser():
                    help="bench only this block (repeatable); `moegen docs --bench` then "
                         "replaces only its records")
     p.set_defaults(func=cmd_bench)
-    sub.add_parser("demo", help="generate, simulate and synthesize the demo configurations"
-                   ).set_defaults(func=cmd_demo)
+    p = sub.add_parser("demo", help="the MoE layer end to end (generate, simulate against "
+                       "NumPy, synthesize, one page and a picture)")
+    p.add_argument("--all", action="store_true",
+                   help="instead, every block's demo configurations, one table")
+    p.set_defaults(func=cmd_demo)
     p = sub.add_parser("schedule", help="GPU + NDP-DIMM MoE schedule model (table and plot)")
     p.add_argument("--dimms", default="2,4,6", help="NDP-DIMM counts, e.g. 2,4,6")
     p.add_argument("--skew", type=float, default=0.8,

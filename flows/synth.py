@@ -24,7 +24,12 @@ TARGETS = {
     # init attributes): registers left constant by their drivers otherwise end with an
     # undefined and a 0 init that Yosys 0.70's opt_clean refuses to merge ("conflicting init
     # values"). Every register has a reset value, so the logic is the same.
-    "generic": "proc; setattr -unset init; synth -top {top} -lut 4{flatten}",
+    # The same again after `memory_map` (run early for that reason): the registers it makes of
+    # a FIFO's storage carry the memory's 0 init, and conflict the same way when their
+    # drivers are constant (a PMU job queue fed constant fields, in expert_chiplet).
+    "generic": ("proc; setattr -unset init; synth -top {top} -lut 4{flatten}{noabc} -run :fine; "
+                "memory_map; setattr -unset init; synth -top {top} -lut 4{flatten}{noabc} "
+                "-run fine:"),
     "ice40": "synth_ice40 -top {top} -dsp",
     "ecp5": "synth_ecp5 -top {top}",
 }
@@ -52,15 +57,17 @@ def summarize(cell_counts):
             "dsps": count(_DSP)}
 
 
-def synthesize_files(paths, top, target, out_dir, stem, flatten=True):
+def synthesize_files(paths, top, target, out_dir, stem, flatten=True, abc=True):
     """Run Yosys on Verilog ``paths`` (in ``out_dir``) for module ``top``; returns the cell
     counts by type (over the whole hierarchy when ``flatten`` is False: the generic target
-    then maps each module on its own). Raises :class:`SynthError` with the end of the log."""
+    then maps each module on its own; without ``abc`` it maps gates to LUTs one by one,
+    ``gate2lut``). Raises :class:`SynthError` with the end of the log."""
     toolchain.activate()
     out_dir = Path(out_dir)
     stat_path = out_dir / f"{stem}.{target}.stat.json"
     script = ("".join(f"read_verilog {Path(p).name}; " for p in paths)
-              + TARGETS[target].format(top=top, flatten=" -flatten" if flatten else "")
+              + TARGETS[target].format(top=top, flatten=" -flatten" if flatten else "",
+                                       noabc="" if abc else " -noabc")
               + f"; tee -q -o {stat_path.name} stat -json")
     log_path = out_dir / f"{stem}.{target}.yosys.log"
     proc = subprocess.run([_yosys(), "-q", "-l", log_path.name, "-p", script],
@@ -95,7 +102,7 @@ def synthesize(block, config, target="generic", out_dir=None):
     out_dir = Path(out_dir) if out_dir else toolchain.BUILD_ROOT / "synth" / f"{block.name}-{key}"
     v_path, _, info = generate(block, config, out_dir)
     cell_counts = synthesize_files([v_path], block.name, target, out_dir, block.name,
-                                   flatten=block.synth_flatten)
+                                   flatten=block.synth_flatten, abc=block.synth_abc)
     report = {"block": block.name, "target": target, "params": info["params"],
               **summarize(cell_counts), "cell_types": dict(sorted(cell_counts.items()))}
     report_path = out_dir / f"{block.name}.{target}.synth.json"

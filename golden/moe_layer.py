@@ -38,14 +38,14 @@ import math
 
 import numpy as np
 
-from golden import ndp, router
+from golden import ndp, placement, router
 from golden.pmu import READ_LATENCY
 from golden.fixed import wrap
 
 __all__ = ["MoELayer", "score_codes", "gate_weights", "dispatch_flits", "parse_header",
            "chiplet_return", "layer", "mac_bound", "expert_macs", "header_flits",
            "gate_latency", "ChipletShape", "weight_beats", "chiplet_figures",
-           "chiplet_batch_edges"]
+           "chiplet_batch_edges", "community_workload", "placements"]
 
 
 def score_codes(x, wg, acc_width, score_shift, score_width):
@@ -340,3 +340,54 @@ def chiplet_batch_edges(slot_tokens, shape, tokens):
     emitting = max(edge, last_result) + 1
     return {"first_return": emitting + 1,
             "compute_edges": (last_result - first_pair + 1) if first_pair is not None else 0}
+
+
+# --- a workload with co-activation structure, and the placements it is run with ---
+
+def community_workload(seed, count, d_model, experts, communities, in_width, w_width):
+    """A gate matrix and ``count`` tokens whose routes have co-activation structure (the kind
+    of trace Mozart's clustering exploits, seed 000 §3.2).
+
+    The experts are split, through a seeded permutation, into ``communities`` hidden groups of
+    equal size; each group has a random direction in {-1, +1}^D. Column e of W_g is 3/4 of the
+    weight range along its group's direction plus uniform noise of 1/8 of it; a token picks a
+    group uniformly (a balanced trace) and is 3/20 of the x range along its direction plus
+    noise of 1/20. So a token's highest scores are its group's experts.
+
+    Returns ``(wg, tokens, community)``: D x E, ``count`` x D, the group of each expert.
+    """
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(experts)
+    community = [0] * experts
+    for position, expert in enumerate(order):
+        community[int(expert)] = position % communities
+    directions = rng.choice([-1, 1], size=(communities, d_model))
+    w_high, x_high = (1 << (w_width - 1)) - 1, (1 << (in_width - 1)) - 1
+
+    def clipped(values, high):
+        return [int(v) for v in np.clip(np.rint(values), -high - 1, high)]
+
+    wg_columns = [clipped(directions[community[e]] * 0.75 * w_high +
+                          rng.uniform(-w_high / 8, w_high / 8, d_model), w_high)
+                  for e in range(experts)]
+    wg = [[wg_columns[e][d] for e in range(experts)] for d in range(d_model)]
+    tokens = []
+    for _ in range(count):
+        group = int(rng.integers(communities))
+        tokens.append(clipped(directions[group] * 0.15 * x_high +
+                              rng.uniform(-x_high / 20, x_high / 20, d_model), x_high))
+    return wg, tokens, community
+
+
+def placements(model, tokens, leaves, switch_groups):
+    """The expert-to-leaf tables the layer is compared with: ``round_robin`` (expert e on leaf
+    e mod leaves) and ``clustered`` (``golden.placement.place`` on the routes of ``tokens``,
+    one cluster of E / leaves experts per leaf; only when E divides by the leaves and the
+    leaves by the switch groups)."""
+    experts = len(model.experts)
+    tables = {"round_robin": placement.round_robin(experts, leaves)}
+    if experts % leaves == 0 and leaves % switch_groups == 0:
+        routes = layer(model, tokens)["experts"]
+        tables["clustered"] = placement.place(routes, experts, leaves,
+                                              switch_groups).expert_to_leaf
+    return tables

@@ -794,7 +794,7 @@ class ExpertChiplet(ConfiguredComponent):
 
 register(Block(
     name="expert_chiplet", family="moe_layer", config=ExpertChipletConfig, build=ExpertChiplet,
-    tb="moe_layer_chiplet",
+    tb="moe_layer_chiplet", synth_abc=False,
     figures=lambda cfg: golden.chiplet_figures(cfg.schedule),
     summary="MoE layer leaf: experts' FFNs on a systolic tile from a PMU scratchpad, batched",
     demo_configs=({},),
@@ -1011,7 +1011,7 @@ class MoELayer(ConfiguredComponent):
 
 register(Block(
     name="moe_layer", family="moe_layer", config=MoELayerConfig, build=MoELayer,
-    tb="moe_layer_system",
+    tb="moe_layer_system", synth_abc=False,
     figures=lambda cfg: {"leaves": cfg.leaves, "pes": cfg.leaves * cfg.rows * cfg.cols *
                          cfg.arrays, "flits_per_token": cfg.header_flits + cfg.x_flits},
     summary="the Mozart MoE layer: gate, NoP dispatch, expert chiplets, in-network combine",

@@ -6,8 +6,10 @@ each chiplet received equal to the golden routing's.
 
 import time
 
+import dataclasses
+
 import cocotb
-from cocotb.triggers import ClockCycles
+from cocotb.triggers import ClockCycles, RisingEdge
 
 from golden import moe_layer as golden
 from golden import ndp as golden_ndp
@@ -30,21 +32,33 @@ class LayerBench(StreamBench):
         self.model = None
         self.expected = {}                  # token id -> y
         self.leaf_tokens = [0] * config.leaves
+        self.link_flits = {"down": [], "up": []}
         self.routes = []
         self.first_x_edge = None
 
     def start(self):
         super().start()
-        cocotb.start_soon(self._count_leaf_packets())
+        cocotb.start_soon(self._count_taps())
 
-    async def _count_leaf_packets(self):
-        from cocotb.triggers import RisingEdge
+    def clear_counts(self):
+        links = len(self.dut.down_link_fire.value)
+        self.leaf_tokens = [0] * self.cfg.leaves
+        self.link_flits = {"down": [0] * links, "up": [0] * links}
+
+    async def _count_taps(self):
+        """Tokens each chiplet takes (``leaf_packets``) and flits on each tree link."""
+        self.clear_counts()
         while True:
             await RisingEdge(self.dut.clk)
             if not self.dut.rst.value:
                 bits = int(self.dut.leaf_packets.value)
                 for leaf in range(self.cfg.leaves):
                     self.leaf_tokens[leaf] += (bits >> leaf) & 1
+                for way in ("down", "up"):
+                    bits = int(getattr(self.dut, f"{way}_link_fire").value)
+                    counts = self.link_flits[way]
+                    for link in range(len(counts)):
+                        counts[link] += (bits >> link) & 1
 
     # --- configuration ---
     def random_model(self, placement=None, hot=None):
@@ -202,7 +216,7 @@ async def test_hot_expert_and_clustered_placement(dut):
     await bench.finish(_budget(bench, len(tokens), 0.2, 0.2))
     assert bench.leaf_tokens == out["chiplet_tokens"]
     clustered = [e // config.slots for e in range(config.experts)]
-    bench.leaf_tokens = [0] * config.leaves
+    bench.clear_counts()
     await bench.configure(bench.random_model(clustered))
     out = bench.send_tokens([bench.random_x() for _ in range(config.batch + 1)],
                             first_id=config.batch + 1)
@@ -245,27 +259,56 @@ async def test_weights_reloaded_between_batches(dut):
     await bench.finish(_budget(bench, cfg.batch, 0.1, 0.1))
 
 
+def switch_groups(config):
+    """Leaves per root child form a switch group (one group for a one-level tree)."""
+    return config.fanouts[0] if len(config.fanouts) > 1 else 1
+
+
 @cocotb.test()
 async def test_throughput(dut):
-    """A batch of 64 tokens with every port ready and the weights resident: tokens per cycle
-    and the cycles against the busiest chiplet's MAC bound (golden.moe_layer.mac_bound)."""
-    bench = await _setup(dut, "throughput")
-    cfg = bench.cfg
-    tokens = [bench.random_x() for _ in range(64)]
-    began_edge = edge_now()
-    began = time.perf_counter()
-    out = bench.send_tokens(tokens)
-    await bench.finish(_budget(bench, len(tokens)))
-    wall = time.perf_counter() - began
-    last = bench.y.received[-1][0]
-    first = bench.sources["x"].sent_edges[0]
-    cycles = last - first + 1
-    pes = cfg.rows * cfg.cols * cfg.arrays
-    bound = golden.mac_bound(out["chiplet_macs"], pes)
-    metrics = {"tokens": len(tokens), "cycles": cycles,
-               "tokens_per_cycle": round(len(tokens) / cycles, 4), "mac_bound_cycles": bound,
-               "of_bound": round(bound / cycles, 4), "replication": out["replication"],
-               "chiplet_tokens": out["chiplet_tokens"]}
-    assert bench.leaf_tokens == out["chiplet_tokens"]
-    write_throughput(metrics, "a 64-token batch, weights resident",
-                     (edge_now() - began_edge) / wall)
+    """A balanced 64-token batch with co-activation structure
+    (``golden.moe_layer.community_workload``), every port ready, weights resident, under
+    round-robin and clustered placement: y bit-exact; tokens per cycle and cycles against the
+    busiest chiplet's MAC bound; r and the flits on every tree link, measured at the RTL's taps
+    and equal to the golden routing's chiplet counts. Written for `make bench` and the demo."""
+    _, cfg, component = load_dut_config()
+    bench = LayerBench(dut, cfg, component, make_rng("throughput"))
+    await start_after_reset(dut, bench)
+    communities = max(1, cfg.experts // cfg.slots)
+    wg, tokens, _ = golden.community_workload(7, 64, cfg.d_model, cfg.experts, communities,
+                                              cfg.in_width, cfg.w_width)
+    base = dataclasses.replace(bench.random_model(), wg=wg)
+    runs, wall, edges = {}, 0.0, 0
+    tables = golden.placements(base, tokens, cfg.leaves, switch_groups(cfg))
+    for run, (name, table) in enumerate(tables.items()):
+        await bench.configure(dataclasses.replace(base, placement=table))
+        bench.clear_counts()
+        bench.expected.clear()
+        bench.y.received.clear()
+        began, began_edge = time.perf_counter(), edge_now()
+        first = edge_now() + 1
+        out = bench.send_tokens(tokens, first_id=run * 64)
+        await bench.finish(_budget(bench, len(tokens)))
+        wall += time.perf_counter() - began
+        edges += edge_now() - began_edge
+        cycles = bench.y.received[-1][0] - first + 1
+        bound = golden.mac_bound(out["chiplet_macs"], cfg.rows * cfg.cols * cfg.arrays)
+        measured_r = sum(bench.leaf_tokens) / len(tokens)
+        assert bench.leaf_tokens == out["chiplet_tokens"]
+        assert measured_r == out["replication"]
+        runs[name] = {"cycles": cycles, "tokens_per_cycle": round(len(tokens) / cycles, 4),
+                      "mac_bound_cycles": bound, "of_bound": round(bound / cycles, 4),
+                      "replication": measured_r, "chiplet_tokens": bench.leaf_tokens,
+                      "chiplet_macs": out["chiplet_macs"],
+                      "down_link_flits": list(bench.link_flits["down"]),
+                      "up_link_flits": list(bench.link_flits["up"]),
+                      "placement": list(table)}
+    main = runs["round_robin"]
+    metrics = {"tokens": len(tokens), "cycles": main["cycles"],
+               "tokens_per_cycle": main["tokens_per_cycle"],
+               "mac_bound_cycles": main["mac_bound_cycles"], "of_bound": main["of_bound"],
+               "r": main["replication"]}
+    if "clustered" in runs:
+        metrics["r_clustered"] = runs["clustered"]["replication"]
+    write_throughput(metrics, "a 64-token balanced batch, weights resident, round-robin "
+                     "placement", edges / wall, placements=runs)

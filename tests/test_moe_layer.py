@@ -255,3 +255,28 @@ def test_layer_cocotb(params, simulator):
 def test_layer_config_errors_name_the_parameter(params, name):
     with pytest.raises(ParamError, match=f"parameter '{name}'"):
         get_block("moe_layer").config(**params)
+
+
+def test_community_workload_routes_within_a_community_and_clustering_finds_it():
+    wg, tokens, community = golden.community_workload(7, 64, 8, 8, 4, 8, 8)
+    model = _model(placement=[e % 4 for e in range(8)], d_model=8)
+    model = golden.MoELayer(**{**model.__dict__, "wg": wg})
+    routes = golden.layer(model, tokens)["experts"]
+    assert sum(community[a] == community[b] for a, b in routes) >= 60   # nearly every token
+    tables = golden.placements(model, tokens, leaves=4, switch_groups=2)
+    assert tables["round_robin"] == [e % 4 for e in range(8)]
+    for name, table in tables.items():
+        assert sorted(table) == [0, 0, 1, 1, 2, 2, 3, 3]                # 2 experts per leaf
+    clustered = golden.layer(golden.MoELayer(**{**model.__dict__,
+                                                "placement": tables["clustered"]}), tokens)
+    assert clustered["replication"] < golden.layer(model, tokens)["replication"]
+    assert "clustered" not in golden.placements(model, tokens, leaves=3, switch_groups=1)
+
+
+def test_root_link_flits_count_the_root_children_or_the_leaf_links():
+    from flows.demo import root_link_flits
+    deep = get_block("moe_layer").config()
+    run = {"down_link_flits": [5, 7], "up_link_flits": [3, 4], "chiplet_tokens": [1, 2, 3, 4]}
+    assert root_link_flits(deep, run) == 19
+    flat = get_block("moe_layer").config(fanouts=(4,))
+    assert root_link_flits(flat, run) == 2 * (flat.header_flits + flat.x_flits) * 10
