@@ -30,7 +30,8 @@ header flits, entry j of the k choices in lane ``j % lanes`` of flit ``j // lane
 ``expert * 2**gate_width + g`` (unsigned bits); then ``ceil(D / lanes)`` flits of x (element d in
 lane ``d % lanes`` of x flit ``d // lanes``, missing lanes 0). A chiplet's return has the same
 number of flits (the NoP drops a return of another length), lanes of ``combine_width`` bits:
-zero header flits, then its aggregated values in the x positions. The root's combined packet, header flits dropped, is y.
+zero header flits, then its aggregated values in the x positions. The root's combined packet,
+header flits dropped, is y.
 """
 
 import dataclasses
@@ -294,6 +295,9 @@ def _tile_pairs(start, tiles, depth, rows, last_end):
     return last_end
 
 
+PLAN_DEPTH = 3           # phases the chiplet plans ahead (its plan FIFO)
+
+
 def chiplet_batch_edges(slot_tokens, shape, tokens):
     """The expert chiplet's schedule for one batch, every port ready, weights resident.
 
@@ -312,34 +316,77 @@ def chiplet_batch_edges(slot_tokens, shape, tokens):
         ``first_return`` (the first return flit taken) and ``compute_edges`` (the tile's
         busy span: from the first pair taken to the last result row).
 
-    Schedule (docs/blocks/moe_layer.md): one edge per slot visit and per group set-up; a group's
-    gu weights job is taken the edge after its set-up and its first weight beat
-    ``READ_LATENCY + 1`` edges later; the gu tiles, then (h complete: the last gu result row,
-    ``C + 2 + (R-1) + ceil(log2 n)`` edges after the last gu pair, and one edge to switch) the
-    down tiles; the next set-up the edge after the last down pair. The batch drains when the
-    last result row is in and emits the edge after: ``H + X`` flits per token, back to back.
+    Schedule (docs/blocks/moe_layer.md). The planner takes one action per edge from edge 1:
+    visit a slot that has no group left (to the next slot), plan a group's gu phase, plan the
+    previous group's down phase right after it, and at the end the last group's down; a
+    phase is planned only when fewer than ``PLAN_DEPTH`` phases wait (one leaves at its last
+    pair). Phases run in plan order: gu(0), gu(1), down(0), gu(2), ... A phase's first pair
+    is at least ``READ_LATENCY + 2`` edges after it is planned (its weights' job is taken the
+    next edge), and after the previous phase's last pair; a down phase
+    starts once its group's last gate/up result row is in (``C + 2 + (R-1) + ceil(log2 n)``
+    edges after its last pair, plus one). The tile takes one pair per edge and a tile's last
+    pair at least R edges after the previous tile's. The returns start two edges after the last
+    result row, at the earliest three after the plan is done: H + X flits per token, back to
+    back.
     """
     R, C = shape.rows, shape.cols
     tree = (shape.arrays - 1).bit_length()
     result_lag = C + 2 + (R - 1) + tree         # last pair -> last result row
-    edge = 0
-    last_pair = -R                               # the tile's last tile-ending pair
-    last_result = 0
-    first_pair = None
+    # The plan: phases (("gu"|"down", group)) and planner actions in order.
+    actions, groups = [], 0
     for count in slot_tokens:
         for _ in range(-(-count // R)):
-            edge += 1                            # group set-up
-            start = edge + 1 + READ_LATENCY + 1
-            first_pair = start if first_pair is None else first_pair
-            gu_end = _tile_pairs(start, 2 * shape.f_chunks, shape.k_x, R, last_pair)
-            down_start = gu_end + result_lag + 2
-            last_pair = _tile_pairs(down_start, shape.d_chunks, shape.k_h, R, gu_end)
-            last_result = last_pair + result_lag
-            edge = last_pair
-        edge += 1                                # the visit that finds the slot done
-    emitting = max(edge, last_result) + 1
+            actions.append(("gu", groups))
+            if groups:
+                actions.append(("down", groups - 1))
+            groups += 1
+        actions.append(("visit", None))
+    if groups:
+        actions.insert(len(actions) - 1, ("down", groups - 1))
+    edge, planned, phases = 0, [], []
+    ends = []                                    # last pair of each phase, in plan order
+    last_pair, last_gu_pair, last_result = -R, {}, 0
+    first_pair = None
+    for kind, group in actions:
+        edge += 1
+        if kind == "visit":
+            continue
+        # room: the phase PLAN_DEPTH places earlier has left (its last pair before this edge)
+        index = len(planned)
+        if index >= PLAN_DEPTH:
+            edge = max(edge, _phase_end(ends, planned, phases, index - PLAN_DEPTH, shape, R,
+                                        result_lag, last_gu_pair) + 1)
+        planned.append(edge)
+        phases.append((kind, group))
+    edge_plan_done = edge                        # the last visit finds nothing left
+    for index in range(len(ends), len(phases)):
+        _phase_end(ends, planned, phases, index, shape, R, result_lag, last_gu_pair)
+    if phases:
+        first_pair = planned[0] + READ_LATENCY + 2
+        last_pair = ends[-1]
+        last_result = last_pair + result_lag
+    emitting = max(max(edge_plan_done, last_pair) + 1, last_result) + 1
     return {"first_return": emitting + 1,
             "compute_edges": (last_result - first_pair + 1) if first_pair is not None else 0}
+
+
+def _phase_end(ends, planned, phases, index, shape, rows, result_lag, last_gu_pair):
+    """The last pair of phase ``index`` (computing the earlier ones first)."""
+    while len(ends) <= index:
+        i = len(ends)
+        kind, group = phases[i]
+        start = planned[i] + READ_LATENCY + 2    # its weights' job, taken the next edge
+        if i:
+            start = max(start, ends[-1] + 1)
+        previous = ends[-1] if ends else -rows
+        if kind == "gu":
+            end = _tile_pairs(start, 2 * shape.f_chunks, shape.k_x, rows, previous)
+            last_gu_pair[group] = end
+        else:
+            start = max(start, last_gu_pair[group] + result_lag + 1)
+            end = _tile_pairs(start, shape.d_chunks, shape.k_h, rows, previous)
+        ends.append(end)
+    return ends[index]
 
 
 # --- a workload with co-activation structure, and the placements it is run with ---

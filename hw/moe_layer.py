@@ -43,6 +43,7 @@ __all__ = ["MoEGateConfig", "MoEGate", "ExpertChipletConfig", "ExpertChiplet", "
            "MoELayer"]
 
 SHIFT_RANGE = 48
+PLAN_DEPTH = 3          # expert_chiplet: tile phases planned (and their weight jobs queued) ahead
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,6 +325,8 @@ class ExpertChipletConfig:
         Tokens collected before the chiplet computes (1..32).
     batch_wait : int
         Idle cycles after which a partial batch is computed (1..255).
+    queue_tokens : int
+        Dispatch packets the input queue holds while a batch is computed (0..32; 0: none).
     """
     experts: int = int_param(8, 2, 64, "E, experts of the layer")
     k: int = int_param(2, 1, 8, "experts chosen per token")
@@ -348,6 +351,7 @@ class ExpertChipletConfig:
     arrays: int = int_param(2, 1, 8, "n, arrays of the tile (K split n ways)")
     batch: int = int_param(8, 1, 32, "tokens per batch")
     batch_wait: int = int_param(16, 1, 255, "idle cycles that close a partial batch")
+    queue_tokens: int = int_param(8, 0, 32, "packets the input queue holds (0: none)")
 
     def __post_init__(self):
         validate(self)
@@ -382,6 +386,10 @@ class ExpertChipletConfig:
     @property
     def x_flits(self):
         return math.ceil(self.d_model / self.lanes)
+
+    @property
+    def queue_flits(self):
+        return self.queue_tokens * (self.header_flits + self.x_flits)
 
     @property
     def tile_width(self):
@@ -555,7 +563,17 @@ class ExpertChiplet(ConfiguredComponent):
                 m.d.sync += [error.eq(1), discarding.eq(~wload.payload.last)]
 
         # --- collect: take packets into the batch ---
-        down = self.down
+        # The input queue holds up to `queue_tokens` packets while a batch is computed, so the
+        # tree above keeps dispatching to the other chiplets.
+        down = stream.Signature(self.down.payload.shape()).flip().create(path=("inbox",))
+        if cfg.queue_flits:
+            queue = m.submodules.queue = SyncFIFO(width=len(self.down.payload.as_value()),
+                                                  depth=cfg.queue_flits)
+            m.d.comb += [queue.w_en.eq(self.down.valid), queue.w_data.eq(self.down.payload),
+                         self.down.ready.eq(queue.w_rdy), down.valid.eq(queue.r_rdy),
+                         down.payload.eq(queue.r_data), queue.r_en.eq(down.ready)]
+        else:
+            wiring.connect(m, wiring.flipped(self.down), down)
         # A load offered while no token is held goes first.
         m.d.comb += down.ready.eq(collecting & ~loading & ~discarding & ~(can_load & wload.valid))
         taken = down.valid & down.ready
@@ -613,108 +631,140 @@ class ExpertChiplet(ConfiguredComponent):
             with m.If(idle == cfg.batch_wait - 1):
                 m.d.sync += [running.eq(1), idle.eq(0)]
 
-        # --- run: per slot, groups of up to R of its tokens through the tile ---
-        # A group is two tile phases: "gu" (F/C gate tiles then F/C up tiles of K = ceil(D/n)
-        # beats over x) and, once h is complete, "down" (D/C tiles of K = ceil(F/n) beats over
-        # h). Each phase's weights are one contiguous scratchpad read job.
+        # --- run: a planner lists the tile phases, an executor feeds them to the tile ---
+        # Groups of up to R tokens of one slot, slot by slot. A group has a "gu" phase (F/C
+        # gate tiles then F/C up tiles of K = ceil(D/n) beats over x) and a "down" phase (D/C
+        # tiles of K = ceil(F/n) beats over h). Phases run gu(0), gu(1), down(0), gu(2),
+        # down(1), ..., down(last): while group g's last gate/up rows come back, group g+1's
+        # gu keeps the tile busy; h is double-buffered by group parity. Each phase's weights are
+        # one contiguous scratchpad read job, queued as soon as the phase is planned.
+        phase_layout = data.StructLayout({
+            "down": 1, "parity": 1, "rows": range(R + 1),
+            "base": range(S * shape.expert_beats * V + 1),
+            "token": data.ArrayLayout(range(T), R),
+            "gate": data.ArrayLayout(cfg.gate_width, R)})
+        plan = m.submodules.plan = SyncFIFO(width=phase_layout.size, depth=PLAN_DEPTH)
+        jobs = m.submodules.jobs = SyncFIFO(width=phase_layout.size, depth=PLAN_DEPTH)
+
         slot = Signal(range(S))
         group = Signal(range(T + R + 1))               # index into the slot's members
-        starting = Signal()                            # the cycle a group is set up
-        phase_gu, phase_wait, phase_down = Signal(), Signal(), Signal()
-        tile_index = Signal(range(max(2 * cF, cD)))
-        beat = Signal(range(max(Ks, Kf)))
-        group_rows = Signal(range(R + 1))
-        group_token = [Signal(range(T), name=f"group_token_{i}") for i in range(R)]
-        group_gate = [Signal(cfg.gate_width, name=f"group_gate_{i}") for i in range(R)]
-        hbuf = [[Signal(signed(iw), name=f"h_{i}_{f}") for f in range(F)] for i in range(R)]
-        jobs_due = Signal(2)                            # bit 0: the gu job, bit 1: the down job
-        group_base = Signal(range(S * shape.expert_beats * V + 1))
-
+        parity = Signal()                              # of the next group found
+        planned_all = Signal()
+        held = Signal(phase_layout)                    # a group whose down is not planned yet
+        held_valid = Signal()
+        fresh = Signal(phase_layout)                   # the group whose gu was just planned
+        want_down = Signal()                           # plan held's down now, then hold fresh
+        found = Signal(phase_layout)
         slot_len = select(slot, members_len)
         remaining = slot_len - group
-        m.d.comb += starting.eq(running & ~phase_gu & ~phase_wait & ~phase_down &
-                                (jobs_due == 0))
-        with m.If(starting):
-            with m.If(group >= slot_len):              # this slot is done: the next, or drain
-                m.d.sync += group.eq(0)
-                with m.If(slot == S - 1):
-                    m.d.sync += [running.eq(0), draining.eq(1), slot.eq(0)]
+        m.d.comb += [found.down.eq(0), found.parity.eq(parity),
+                     found.rows.eq(Mux(remaining > R, R, remaining)),
+                     found.base.eq(slot * (shape.expert_beats * V))]
+        for i in range(R):
+            member = select(group + i, [select(slot, [members[s][p] for s in range(S)])
+                                        for p in range(T)])
+            m.d.comb += [found.token[i].eq(member),
+                         found.gate[i].eq(select(slot, [select(member, [gates[t][s]
+                                                                       for t in range(T)])
+                                                        for s in range(S)]))]
+        push = Signal()
+        pushed = Signal(phase_layout)
+        m.d.comb += [plan.w_en.eq(push), plan.w_data.eq(pushed.as_value()),
+                     jobs.w_en.eq(push), jobs.w_data.eq(pushed.as_value())]
+        room = plan.w_rdy & jobs.w_rdy
+        done_slot = group >= slot_len
+        down_of_held = Signal(phase_layout)
+        m.d.comb += [down_of_held.eq(held), down_of_held.down.eq(1)]
+        with m.If(running & ~planned_all):
+            with m.If(want_down):
+                m.d.comb += [push.eq(room), pushed.eq(down_of_held)]
+                with m.If(room):
+                    m.d.sync += [want_down.eq(0), held.eq(fresh)]
+            with m.Elif(done_slot & (slot == S - 1)):
+                with m.If(held_valid):                 # the last group's down
+                    m.d.comb += [push.eq(room), pushed.eq(down_of_held)]
+                    with m.If(room):
+                        m.d.sync += held_valid.eq(0)
                 with m.Else():
-                    m.d.sync += slot.eq(slot + 1)
-            with m.Else():
-                m.d.sync += [phase_gu.eq(1), tile_index.eq(0), beat.eq(0), jobs_due.eq(0b11),
-                             group_rows.eq(Mux(remaining > R, R, remaining)),
-                             group_base.eq(slot * (shape.expert_beats * V))]
-                for i in range(R):
-                    member = select(group + i, [select(slot, [members[s][p] for s in range(S)])
-                                                for p in range(T)])
-                    m.d.sync += [group_token[i].eq(member),
-                                 group_gate[i].eq(select(slot, [select(member, [gates[t][s]
-                                                                               for t in range(T)])
-                                                                for s in range(S)]))]
+                    m.d.sync += [planned_all.eq(1), slot.eq(0), group.eq(0)]
+            with m.Elif(done_slot):                    # visit the next slot
+                m.d.sync += [slot.eq(slot + 1), group.eq(0)]
+            with m.Else():                             # plan this group's gu
+                m.d.comb += [push.eq(room), pushed.eq(found)]
+                with m.If(room):
+                    m.d.sync += [group.eq(group + R), parity.eq(~parity), held_valid.eq(1)]
+                    with m.If(held_valid):
+                        m.d.sync += [fresh.eq(found), want_down.eq(1)]
+                    with m.Else():
+                        m.d.sync += held.eq(found)
 
-        # Read jobs: the group's gu weights, then its down weights.
+        # Read jobs, in plan order: a phase's weights are one contiguous job.
         rjob = pmu.rjob
-        down_base = group_base + shape.gu_beats * V
-        with m.If(jobs_due[0]):
-            m.d.comb += read_job(rjob.payload, group_base, shape.gu_beats)
+        job = Signal(phase_layout)
+        m.d.comb += [job.eq(jobs.r_data), rjob.valid.eq(jobs.r_rdy), jobs.r_en.eq(rjob.ready)]
+        with m.If(job.down):
+            m.d.comb += read_job(rjob.payload, job.base + shape.gu_beats * V, shape.down_beats)
         with m.Else():
-            m.d.comb += read_job(rjob.payload, down_base, shape.down_beats)
-        m.d.comb += rjob.valid.eq(jobs_due != 0)
-        with m.If(rjob.valid & rjob.ready):
-            m.d.sync += jobs_due.eq(Mux(jobs_due[0], jobs_due & 0b10, 0))
+            m.d.comb += read_job(rjob.payload, job.base, shape.gu_beats)
 
         # Tile descriptors, in issue order: what each tile's R result rows are.
         tree = ceil_log2(n)
         desc_layout = data.StructLayout({
-            "kind": 2, "chunk": range(max(cF, cD)), "rows": range(R + 1),
+            "kind": 2, "chunk": range(max(cF, cD)), "parity": 1, "rows": range(R + 1),
             "token": data.ArrayLayout(range(T), R),
             "gate": data.ArrayLayout(cfg.gate_width, R)})
         descs = m.submodules.descriptors = SyncFIFO(width=desc_layout.size,
                                                     depth=C + R + tree + 4)
         in_flight = Signal(range(C + R + tree + 6))
-        gu_flight = Signal(range(C + R + tree + 6))
+        gu_flight = [Signal(range(C + R + tree + 6), name=f"gu_flight_{q}") for q in range(2)]
 
+        # Executor: the plan's head phase, its tiles one after another.
+        phase = Signal(phase_layout)
+        m.d.comb += phase.eq(plan.r_data)
+        tile_index = Signal(range(max(2 * cF, cD)))
+        beat = Signal(range(max(Ks, Kf)))
         a = tile.a
         kind = Signal(2)                               # 0 gate, 1 up, 2 down
         chunk = Signal(range(max(cF, cD)))
-        m.d.comb += [kind.eq(Mux(phase_down, 2, Mux(tile_index >= cF, 1, 0))),
-                     chunk.eq(Mux(phase_down, tile_index,
+        m.d.comb += [kind.eq(Mux(phase.down, 2, Mux(tile_index >= cF, 1, 0))),
+                     chunk.eq(Mux(phase.down, tile_index,
                                   Mux(tile_index >= cF, tile_index - cF, tile_index)))]
-        tile_beats = Mux(phase_down, Kf, Ks)
+        tile_beats = Mux(phase.down, Kf, Ks)
         a_last = beat == tile_beats - 1
-        m.d.comb += [a.valid.eq((phase_gu | phase_down) & descs.w_rdy),
+        h_ready = ~phase.down | (select(phase.parity, gu_flight) == 0)
+        hbuf = [[[Signal(signed(iw), name=f"h{q}_{i}_{f}") for f in range(F)] for i in range(R)]
+                for q in range(2)]
+        m.d.comb += [a.valid.eq(plan.r_rdy & h_ready & descs.w_rdy),
                      a.payload.last.eq(a_last),
                      tile.b.payload.last.eq(a_last), tile.b.valid.eq(pmu.r.valid),
                      pmu.r.ready.eq(tile.b.ready)]
         m.d.comb += [tile.b.payload.data[v].eq(pmu.r.payload.data[v].as_signed())
                      for v in range(V)]
         for i in range(R):
-            row_ok = i < group_rows
-            x_row = [select(group_token[i], [x[t][d] for t in range(T)]) for d in range(D)]
+            row_ok = i < phase.rows
+            x_row = [select(phase.token[i], [x[t][d] for t in range(T)]) for d in range(D)]
             for sl in range(n):
                 x_lane = select(beat, [x_row[sl * Ks + kk] if sl * Ks + kk < D else Const(0)
                                        for kk in range(Ks)])
-                h_lane = select(beat, [hbuf[i][sl * Kf + kk] if sl * Kf + kk < F else Const(0)
-                                       for kk in range(Kf)])
+                h_lane = select(beat, [Mux(phase.parity, hbuf[1][i][sl * Kf + kk],
+                                           hbuf[0][i][sl * Kf + kk])
+                                       if sl * Kf + kk < F else Const(0) for kk in range(Kf)])
                 m.d.comb += a.payload.data[sl * R + i].eq(
-                    Mux(row_ok, Mux(phase_down, h_lane, x_lane), 0))
+                    Mux(row_ok, Mux(phase.down, h_lane, x_lane), 0))
         desc = Signal(desc_layout)
-        m.d.comb += [desc.kind.eq(kind), desc.chunk.eq(chunk), desc.rows.eq(group_rows),
-                     *[desc.token[i].eq(group_token[i]) for i in range(R)],
-                     *[desc.gate[i].eq(group_gate[i]) for i in range(R)],
+        m.d.comb += [desc.kind.eq(kind), desc.chunk.eq(chunk), desc.parity.eq(phase.parity),
+                     desc.rows.eq(phase.rows),
+                     *[desc.token[i].eq(phase.token[i]) for i in range(R)],
+                     *[desc.gate[i].eq(phase.gate[i]) for i in range(R)],
                      descs.w_data.eq(desc.as_value())]
         a_taken = a.valid & a.ready
         tile_done = a_taken & a_last
-        m.d.comb += descs.w_en.eq(tile_done)
+        phase_done = tile_done & (tile_index == Mux(phase.down, cD - 1, 2 * cF - 1))
+        m.d.comb += [descs.w_en.eq(tile_done), plan.r_en.eq(phase_done)]
         with m.If(a_taken):
             m.d.sync += beat.eq(Mux(a_last, 0, beat + 1))
         with m.If(tile_done):
-            m.d.sync += tile_index.eq(tile_index + 1)
-            with m.If(phase_gu & (tile_index == 2 * cF - 1)):
-                m.d.sync += [phase_gu.eq(0), phase_wait.eq(1), tile_index.eq(0)]
-            with m.If(phase_down & (tile_index == cD - 1)):
-                m.d.sync += [phase_down.eq(0), tile_index.eq(0), group.eq(group + R)]
+            m.d.sync += tile_index.eq(Mux(phase_done, 0, tile_index + 1))
 
         # --- results: one tile row per cycle (the tile's output is always taken) ---
         c = tile.c
@@ -726,9 +776,10 @@ class ExpertChiplet(ConfiguredComponent):
         m.d.comb += descs.r_en.eq(row_done)
         gu_result_done = row_done & (head.kind != 2)
         m.d.sync += in_flight.eq(in_flight + tile_done - row_done)
-        m.d.sync += gu_flight.eq(gu_flight + (tile_done & phase_gu) - gu_result_done)
-        with m.If(phase_wait & (gu_flight == 0)):
-            m.d.sync += [phase_wait.eq(0), phase_down.eq(1)]
+        for q in range(2):
+            m.d.sync += gu_flight[q].eq(gu_flight[q] + (tile_done & ~phase.down &
+                                                        (phase.parity == q))
+                                        - (gu_result_done & (head.parity == q)))
         with m.If(c.valid):
             m.d.sync += result_row.eq(Mux(c.payload.last, 0, result_row + 1))
         lut_reads = [lut.read_port(domain="comb") for _ in range(C)]
@@ -738,18 +789,20 @@ class ExpertChiplet(ConfiguredComponent):
             u_code = requant(m, value, cfg.shift_u, iw, f"u_code_{j}")
             m.d.comb += lut_reads[j].addr.eq(g_code.as_unsigned())
             old = Signal(signed(iw), name=f"h_old_{j}")
-            m.d.comb += old.eq(select(result_row, [select(head.chunk, [
-                hbuf[i][cc * C + j] if cc * C + j < F else Const(0) for cc in range(cF)])
-                for i in range(R)]))
+            m.d.comb += old.eq(select(Cat(head.parity, result_row), [
+                select(head.chunk, [hbuf[q][i][cc * C + j] if cc * C + j < F else Const(0)
+                                    for cc in range(cF)])
+                for i in range(R) for q in range(2)]))
             h_code = requant(m, old * u_code, cfg.shift_h, iw, f"h_code_{j}")
             new_h = Mux(head.kind == 0, lut_reads[j].data, h_code)
-            for i in range(R):
-                for cc in range(cF):
-                    f = cc * C + j
-                    if f < F:
-                        with m.If(c.valid & (head.kind != 2) & (result_row == i) &
-                                  (head.chunk == cc)):
-                            m.d.sync += hbuf[i][f].eq(new_h)
+            for q in range(2):
+                for i in range(R):
+                    for cc in range(cF):
+                        f = cc * C + j
+                        if f < F:
+                            with m.If(c.valid & (head.kind != 2) & (head.parity == q) &
+                                      (result_row == i) & (head.chunk == cc)):
+                                m.d.sync += hbuf[q][i][f].eq(new_h)
             # down: the row's token gains gate * y in the chunk's columns
             row_token = select(result_row, list(head.token))
             row_gate = select(result_row, list(head.gate))
@@ -764,7 +817,9 @@ class ExpertChiplet(ConfiguredComponent):
                             m.d.sync += sums[t][d].eq(sums[t][d] + weighted)
 
         # --- drain, then emit one return packet per token, in arrival order ---
-        with m.If(draining & (in_flight == 0) & (jobs_due == 0)):
+        with m.If(running & planned_all & ~plan.r_rdy):
+            m.d.sync += [running.eq(0), draining.eq(1), planned_all.eq(0)]
+        with m.If(draining & (in_flight == 0)):
             m.d.sync += [draining.eq(0), emitting.eq(1)]
         out = self.up
         emit_token = Signal(range(T))
@@ -824,14 +879,16 @@ class MoELayerConfig:
     ``score_acc_width`` (its ``acc_width``). Tree (``nop_tree``): fanouts, max_inflight (its
     ``acc_width`` is ``combine_width``, its ``max_flits`` one packet). Chiplets
     (``expert_chiplet``, one per leaf): slots, d_ff, acc_width, shift_g, shift_u, shift_h,
-    gate_shift, combine_width, rows, cols, arrays, batch, batch_wait.
+    gate_shift, combine_width, rows, cols, arrays, batch, batch_wait, queue_tokens.
     """
     experts: int = _like(MoEGateConfig, "experts")
     k: int = _like(MoEGateConfig, "k")
     groups: int = _like(MoEGateConfig, "groups")
     topk_groups: int = _like(MoEGateConfig, "topk_groups")
     fanouts: tuple = _like(NopConfig, "fanouts", (2, 2))
-    max_inflight: int = _like(NopConfig, "max_inflight", 16)
+    # 32 slots per switch: fewer (16) held the root back while the chiplets batch (1038
+    # cycles for the 64-token bench batch against 649 with 32, and 649 with 64).
+    max_inflight: int = _like(NopConfig, "max_inflight", 32)
     slots: int = _like(ExpertChipletConfig, "slots")
     token_width: int = _like(MoEGateConfig, "token_width")
     d_model: int = _like(ExpertChipletConfig, "d_model")
@@ -856,6 +913,7 @@ class MoELayerConfig:
     arrays: int = _like(ExpertChipletConfig, "arrays")
     batch: int = _like(ExpertChipletConfig, "batch")
     batch_wait: int = _like(ExpertChipletConfig, "batch_wait")
+    queue_tokens: int = _like(ExpertChipletConfig, "queue_tokens")
 
     def __post_init__(self):
         validate(self)
@@ -906,7 +964,8 @@ class MoELayerConfig:
             d_ff=self.d_ff, in_width=self.in_width, w_width=self.w_width,
             acc_width=self.acc_width, shift_g=self.shift_g, shift_u=self.shift_u,
             shift_h=self.shift_h, gate_shift=self.gate_shift, rows=self.rows, cols=self.cols,
-            arrays=self.arrays, batch=self.batch, batch_wait=self.batch_wait)
+            arrays=self.arrays, batch=self.batch, batch_wait=self.batch_wait,
+            queue_tokens=self.queue_tokens)
 
 
 def layer_weights_layout(config):

@@ -281,7 +281,11 @@ async def test_throughput(dut):
     runs, wall, edges = {}, 0.0, 0
     tables = golden.placements(base, tokens, cfg.leaves, switch_groups(cfg))
     for run, (name, table) in enumerate(tables.items()):
+        bench.sources["weights"].sent_edges.clear()
         await bench.configure(dataclasses.replace(base, placement=table))
+        loads = bench.sources["weights"].sent_edges
+        load_cycles = loads[-1] - loads[0] + 1
+        assert len(loads) == cfg.experts * cfg.chiplet_config().schedule.expert_beats
         bench.clear_counts()
         bench.expected.clear()
         bench.y.received.clear()
@@ -302,12 +306,12 @@ async def test_throughput(dut):
                       "chiplet_macs": out["chiplet_macs"],
                       "down_link_flits": list(bench.link_flits["down"]),
                       "up_link_flits": list(bench.link_flits["up"]),
-                      "placement": list(table)}
+                      "placement": list(table), "weight_load_cycles": load_cycles}
     main = runs["round_robin"]
     metrics = {"tokens": len(tokens), "cycles": main["cycles"],
                "tokens_per_cycle": main["tokens_per_cycle"],
                "mac_bound_cycles": main["mac_bound_cycles"], "of_bound": main["of_bound"],
-               "r": main["replication"]}
+               "r": main["replication"], "weight_load_cycles": main["weight_load_cycles"]}
     if "clustered" in runs:
         metrics["r_clustered"] = runs["clustered"]["replication"]
     write_throughput(metrics, "a 64-token balanced batch, weights resident, round-robin "

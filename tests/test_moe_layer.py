@@ -183,25 +183,27 @@ def test_weight_beats_put_each_weight_where_the_tile_reads_it():
 def test_chiplet_schedule_counts_one_visit_per_slot_and_grows_with_groups():
     shape = golden.ChipletShape(d_model=8, d_ff=8, rows=4, cols=4, arrays=2)
     empty = golden.chiplet_batch_edges([0, 0], shape, 1)
-    assert empty["first_return"] == 2 + 1 + 1 and empty["compute_edges"] == 0
+    assert empty["first_return"] == 2 + 3 and empty["compute_edges"] == 0   # 2 visits
     one = golden.chiplet_batch_edges([1, 0], shape, 1)
     five = golden.chiplet_batch_edges([5, 0], shape, 5)
     assert five["first_return"] > one["first_return"]     # two groups of R = 4 rows
     assert golden.chiplet_batch_edges([4, 0], shape, 4) == one   # one full group: same time
 
 
-# The defaults; odd sizes everywhere (3 slots, D=5, F=3, 3 lanes, a 3x2 tile of 3 arrays, a
-# batch of 5, 2 header flits); the smallest corner (1 of everything, 2-bit elements); a tall
-# narrow tile (R = 6 > K, so the tile's spacing rule paces it) with one slot per expert bit.
+# The defaults; odd sizes everywhere (3 slots, D=5, F=3, 2 lanes, a 3x2 tile of 3 arrays, a
+# batch of 5, a queue of 2 packets, 2 header flits); the smallest corner (1 of everything,
+# 2-bit elements, no queue); a tall narrow tile (R = 6 > K, so the tile's spacing rule paces
+# it) with 4 slots holding every expert.
 CHIPLET_CONFIGS = [
     {},
     {"experts": 7, "k": 3, "slots": 3, "d_model": 5, "d_ff": 3, "lanes": 2, "rows": 3,
      "cols": 2, "arrays": 3, "batch": 5, "batch_wait": 3, "in_width": 6, "w_width": 5,
-     "acc_width": 20, "combine_width": 20, "gate_width": 4, "data_width": 8},
+     "acc_width": 20, "combine_width": 20, "gate_width": 4, "data_width": 8,
+     "queue_tokens": 2},
     {"experts": 2, "k": 1, "slots": 1, "leaves": 1, "d_model": 1, "d_ff": 1, "lanes": 1,
      "rows": 1, "cols": 1, "arrays": 1, "batch": 1, "batch_wait": 1, "in_width": 2,
      "w_width": 2, "gate_width": 1, "data_width": 2, "shift_g": 0, "shift_u": 0,
-     "shift_h": 0, "gate_shift": 0},
+     "shift_h": 0, "gate_shift": 0, "queue_tokens": 0},
     {"experts": 4, "k": 2, "slots": 4, "d_model": 4, "d_ff": 6, "lanes": 4, "rows": 6,
      "cols": 3, "arrays": 1, "batch": 7, "shift_g": 3, "gate_shift": 5},
 ]
