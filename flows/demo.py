@@ -135,7 +135,7 @@ def run_layer_demo():
             run = runs[name]
             rows.append((name.replace("_", "-"), run["cycles"], run["tokens_per_cycle"],
                          run["mac_bound_cycles"], run["of_bound"], f"{run['replication']:.2f}",
-                         f"{root_link_flits(config, run) / 64:.1f}",
+                         f"{root_link_flits(config, run) / figures['metrics']['tokens']:.1f}",
                          " ".join(map(str, run["chiplet_tokens"])),
                          " ".join(map(str, run["chiplet_macs"]))))
         print()
