@@ -46,8 +46,22 @@ SHIFT_RANGE = 48
 PLAN_DEPTH = 3          # expert_chiplet: tile phases planned (and their weight jobs queued) ahead
 
 
+class PacketShape:
+    """The dispatch packet's shape, for a config with ``k``, ``lanes`` and ``d_model``."""
+
+    @property
+    def header_flits(self):
+        """ceil(k / L) header flits."""
+        return golden.header_flits(self.k, self.lanes)
+
+    @property
+    def x_flits(self):
+        """ceil(D / L) flits of x (or of a return's values)."""
+        return math.ceil(self.d_model / self.lanes)
+
+
 @dataclasses.dataclass(frozen=True)
-class MoEGateConfig:
+class MoEGateConfig(PacketShape):
     """Parameters of ``moe_gate``.
 
     Parameters
@@ -108,11 +122,7 @@ class MoEGateConfig:
     @property
     def beats(self):
         """x beats (and x flits) per token: ceil(D / L)."""
-        return math.ceil(self.d_model / self.lanes)
-
-    @property
-    def header_flits(self):
-        return golden.header_flits(self.k, self.lanes)
+        return self.x_flits
 
     def router_config(self):
         return RouterConfig(experts=self.experts, k=self.k, score_width=self.score_width,
@@ -293,7 +303,7 @@ register(Block(
 # --------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class ExpertChipletConfig:
+class ExpertChipletConfig(PacketShape):
     """Parameters of ``expert_chiplet`` (one leaf of the layer; contract in
     docs/blocks/moe_layer.md).
 
@@ -373,19 +383,11 @@ class ExpertChipletConfig:
                               "fewer: the scratchpad would need more than 65536 words per bank "
                               f"({self._bank_depth()})")
 
-    # The schedule's sizes (golden.moe_layer.chiplet_schedule uses the same names).
     @property
     def schedule(self):
+        """The sizes of the tile schedule (``golden.moe_layer.ChipletShape``)."""
         return golden.ChipletShape(d_model=self.d_model, d_ff=self.d_ff, rows=self.rows,
                                    cols=self.cols, arrays=self.arrays)
-
-    @property
-    def header_flits(self):
-        return golden.header_flits(self.k, self.lanes)
-
-    @property
-    def x_flits(self):
-        return math.ceil(self.d_model / self.lanes)
 
     @property
     def queue_flits(self):
@@ -871,7 +873,7 @@ def _like(config_cls, name, default=None):
 
 
 @dataclasses.dataclass(frozen=True)
-class MoELayerConfig:
+class MoELayerConfig(PacketShape):
     """Parameters of ``moe_layer``: those of its parts, named as they name them.
 
     Routing and gate (``moe_gate``): experts, k, groups, topk_groups, token_width, d_model,
@@ -928,14 +930,6 @@ class MoELayerConfig:
     @property
     def leaves(self):
         return math.prod(self.fanouts)
-
-    @property
-    def header_flits(self):
-        return golden.header_flits(self.k, self.lanes)
-
-    @property
-    def x_flits(self):
-        return math.ceil(self.d_model / self.lanes)
 
     def gate_config(self):
         return MoEGateConfig(

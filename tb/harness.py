@@ -13,7 +13,7 @@ import cocotb
 
 from hw.registry import get_block
 
-__all__ = ["load_dut_config", "make_rng", "write_throughput", "THROUGHPUT_FILE"]
+__all__ = ["load_dut_config", "make_rng", "start_bench", "write_throughput", "THROUGHPUT_FILE"]
 
 # Written by each block's test_throughput in its run folder; read by flows/bench.py.
 THROUGHPUT_FILE = "throughput.json"
@@ -34,6 +34,16 @@ def load_dut_config():
 def make_rng(salt):
     """A generator seeded from cocotb's RANDOM_SEED and a per-test salt (reproducible)."""
     return random.Random(f"{cocotb.RANDOM_SEED}:{salt}")
+
+
+async def start_bench(bench_class, dut, salt, gap=0.0, stall=0.0):
+    """A ``bench_class(dut, config, component, rng, gap, stall)`` on the design under test, its
+    drivers started after a reset (``tb.streams.start_after_reset``)."""
+    from tb.streams import start_after_reset      # streams needs a simulator; harness not
+    _, config, component = load_dut_config()
+    bench = bench_class(dut, config, component, make_rng(salt), gap, stall)
+    await start_after_reset(dut, bench)
+    return bench
 
 
 def write_throughput(metrics, metric_unit, sim_cycles_per_second, **extra):

@@ -14,9 +14,9 @@ from cocotb.triggers import ClockCycles
 from golden import moe_layer as golden
 from golden import router as golden_router
 from golden.fixed import signed_limits
-from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.harness import start_bench, write_throughput
 from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, pause_fraction,
-                        reset_dut, start_after_reset, wait_for)
+                        reset_dut, wait_for)
 
 
 class GateBench(StreamBench):
@@ -89,9 +89,7 @@ class GateBench(StreamBench):
 
 
 async def _setup(dut, salt, gap=0.0, stall=0.0, **configure):
-    _, config, component = load_dut_config()
-    bench = GateBench(dut, config, component, make_rng(salt), gap, stall)
-    await start_after_reset(dut, bench)
+    bench = await start_bench(GateBench, dut, salt, gap, stall)
     await bench.configure(**configure)
     return bench
 

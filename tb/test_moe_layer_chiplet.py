@@ -14,9 +14,9 @@ from cocotb.triggers import ClockCycles
 from golden import moe_layer as golden
 from golden import ndp as golden_ndp
 from golden.fixed import signed_limits
-from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.harness import start_bench, write_throughput
 from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, pause_fraction,
-                        reset_dut, start_after_reset, wait_for)
+                        reset_dut, wait_for)
 
 
 class ChipletBench(StreamBench):
@@ -157,9 +157,7 @@ class ChipletBench(StreamBench):
 
 
 async def _setup(dut, salt, gap=0.0, stall=0.0, **configure):
-    _, config, component = load_dut_config()
-    bench = ChipletBench(dut, config, component, make_rng(salt), gap, stall)
-    await start_after_reset(dut, bench)
+    bench = await start_bench(ChipletBench, dut, salt, gap, stall)
     await bench.configure(**configure)
     return bench
 

@@ -14,9 +14,8 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from golden import moe_layer as golden
 from golden import ndp as golden_ndp
 from golden.fixed import signed_limits
-from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import (STALL_PROFILES, StreamBench, pause_fraction, start_after_reset,
-                        wait_for, edge_now)
+from tb.harness import load_dut_config, start_bench, write_throughput
+from tb.streams import STALL_PROFILES, StreamBench, edge_now, pause_fraction, wait_for
 
 INPUTS = ("x", "wg", "gate_lut", "table", "weights", "act_lut")
 
@@ -181,9 +180,7 @@ class LayerBench(StreamBench):
 
 
 async def _setup(dut, salt, gap=0.0, stall=0.0, placement=None, hot=None):
-    _, config, component = load_dut_config()
-    bench = LayerBench(dut, config, component, make_rng(salt), gap, stall)
-    await start_after_reset(dut, bench)
+    bench = await start_bench(LayerBench, dut, salt, gap, stall)
     await bench.configure(bench.random_model(placement, hot))
     return bench
 
@@ -281,9 +278,8 @@ async def test_throughput(dut):
     round-robin and clustered placement: y bit-exact; tokens per cycle and cycles against the
     busiest chiplet's MAC bound; r and the flits on every tree link, measured at the RTL's taps
     and equal to the golden routing's chiplet counts. Written for `make bench` and the demo."""
-    _, cfg, component = load_dut_config()
-    bench = LayerBench(dut, cfg, component, make_rng("throughput"))
-    await start_after_reset(dut, bench)
+    bench = await start_bench(LayerBench, dut, "throughput")
+    cfg = bench.cfg
     communities = max(1, cfg.experts // cfg.slots)
     count = min(64, 1 << cfg.token_width)         # one id per token in flight
     wg, tokens, _ = golden.community_workload(7, count, cfg.d_model, cfg.experts, communities,
