@@ -302,6 +302,14 @@ register(Block(
 # expert_chiplet: a leaf of the layer's NoP tree.
 # --------------------------------------------------------------------------------------------
 
+def _like(config_cls, name, default=None):
+    """A parameter declared as ``config_cls`` declares it (range and help written once),
+    optionally with another default."""
+    field = config_cls.__dataclass_fields__[name]
+    return dataclasses.field(default=field.default if default is None else default,
+                             metadata=field.metadata)
+
+
 @dataclasses.dataclass(frozen=True)
 class ExpertChipletConfig(PacketShape):
     """Parameters of ``expert_chiplet`` (one leaf of the layer; contract in
@@ -338,13 +346,13 @@ class ExpertChipletConfig(PacketShape):
     queue_tokens : int
         Dispatch packets the input queue holds while a batch is computed (0..32; 0: none).
     """
-    experts: int = int_param(8, 2, 64, "E, experts of the layer")
-    k: int = int_param(2, 1, 8, "experts chosen per token")
-    leaves: int = int_param(4, 1, 64, "bits of the dispatch mask (leaves of the tree)")
-    token_width: int = int_param(8, 1, 16, "bits of the token id")
-    lanes: int = int_param(4, 1, 64, "L, lanes per flit")
-    data_width: int = int_param(16, 2, 32, "bits of a dispatch lane")
-    gate_width: int = int_param(8, 1, 16, "bits of an unsigned gate weight")
+    experts: int = _like(MoEGateConfig, "experts")
+    k: int = _like(MoEGateConfig, "k")
+    leaves: int = _like(MoEGateConfig, "leaves")
+    token_width: int = _like(MoEGateConfig, "token_width")
+    lanes: int = _like(MoEGateConfig, "lanes")
+    data_width: int = _like(MoEGateConfig, "data_width")
+    gate_width: int = _like(MoEGateConfig, "gate_width")
     combine_width: int = int_param(24, 2, 48, "bits of a return lane")
     slots: int = int_param(2, 1, 8, "S, experts held")
     d_model: int = int_param(8, 1, 64, "D, elements of a token")
@@ -863,14 +871,6 @@ register(Block(
 # --------------------------------------------------------------------------------------------
 # moe_layer: moe_gate -> nop_tree -> expert_chiplet leaves -> in-network combine -> y
 # --------------------------------------------------------------------------------------------
-
-def _like(config_cls, name, default=None):
-    """A parameter declared as ``config_cls`` declares it (range and help written once),
-    optionally with another default."""
-    field = config_cls.__dataclass_fields__[name]
-    return dataclasses.field(default=field.default if default is None else default,
-                             metadata=field.metadata)
-
 
 @dataclasses.dataclass(frozen=True)
 class MoELayerConfig(PacketShape):
