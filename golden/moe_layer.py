@@ -17,6 +17,8 @@ Arithmetic, per token x (D signed ``in_width``-bit elements), bit for bit:
    first (ties to the lower index), within the ``topk_groups`` best groups.
 4. Gate weights: ``g_e = gate_lut[s_e]``, an unsigned ``gate_width``-bit run-time table (for
    example a sigmoid of the code); not renormalized over the k (fold a scale into the table).
+   With a shared expert (DeepSeek-V3's, seed 003), every token also chooses expert E (the one
+   after the routed ones) with gate ``2**gate_width - 1``, as header entry k, on its own leaf.
 5. Expert e on its chiplet: ``y_e = golden.ndp.ffn_expert(Wg_e, Wu_e, Wd_e, x, act_lut, shifts,
    in_width, acc_width)``: ``h = requant(act(requant(x·Wgate)) * requant(x·Wup))``, ``y = Wd·h``.
 6. Local aggregation: a chiplet returns, per element, ``requant(sum over its chosen experts of
@@ -99,7 +101,8 @@ class MoELayer:
     ``wg``: D x E gate matrix; ``experts[e] = (Wg_e, Wu_e, Wd_e)`` (F x D, F x D, D x F, as in
     ``golden.ndp``); ``placement[e]``: the chiplet (leaf) of expert e; ``gate_lut``:
     2**score_width unsigned entries; ``act_lut``: 2**in_width signed entries; ``shifts``:
-    (shift_g, shift_u, shift_h) of the FFN.
+    (shift_g, shift_u, shift_h) of the FFN. With ``shared``, ``experts`` and ``placement`` have
+    one more entry, the shared expert's (index E = the columns of ``wg``).
     """
     wg: list
     experts: list
@@ -119,6 +122,17 @@ class MoELayer:
     data_width: int = 16
     combine_width: int = 24
     lanes: int = 4
+    shared: bool = False
+
+    @property
+    def routed(self):
+        """E, the routed experts (the shared one, if any, is expert E)."""
+        return len(self.wg[0])
+
+    def choices(self, experts, gates):
+        """``[(expert, gate)]`` of a token: its routed choices, then the shared expert's."""
+        extra = [(self.routed, (1 << self.gate_width) - 1)] if self.shared else []
+        return list(zip(experts, gates)) + extra
 
     @property
     def d_model(self):
@@ -173,14 +187,14 @@ def layer(model, tokens):
         codes = score_codes(x, model.wg, model.acc_width, model.score_shift, model.score_width)
         experts, _ = router.route(codes, model.k, model.groups, model.topk_groups)
         gates = gate_weights(codes, experts, model.gate_lut)
-        mask = router.leaf_mask(experts, model.placement)
-        choices = list(zip(experts, gates))
+        choices = model.choices(experts, gates)
+        mask = router.leaf_mask([e for e, _ in choices], model.placement)
         total = np.zeros(len(x), dtype=object)
         for leaf in range(chiplets):
             if (mask >> leaf) & 1:
                 total = total + np.asarray(chiplet_return(model, leaf, choices, x), dtype=object)
                 out["chiplet_tokens"][leaf] += 1
-        for expert in experts:
+        for expert, _ in choices:
             out["chiplet_macs"][model.placement[expert]] += per_expert
         for key, value in (("codes", codes), ("experts", experts), ("gates", gates),
                            ("masks", mask), ("y", [wrap(v, model.combine_width) for v in total])):
@@ -427,11 +441,11 @@ def community_workload(seed, count, d_model, experts, communities, in_width, w_w
 
 
 def placements(model, tokens, leaves, switch_groups):
-    """The expert-to-leaf tables the layer is compared with: ``round_robin`` (expert e on leaf
-    e mod leaves) and ``clustered`` (``golden.placement.place`` on the routes of ``tokens``,
-    one cluster of E / leaves experts per leaf; only when E divides by the leaves and the
-    leaves by the switch groups)."""
-    experts = len(model.experts)
+    """The routed experts' expert-to-leaf tables the layer is compared with: ``round_robin``
+    (expert e on leaf e mod leaves) and ``clustered`` (``golden.placement.place`` on the routes
+    of ``tokens``, one cluster of E / leaves experts per leaf; only when E divides by the
+    leaves and the leaves by the switch groups)."""
+    experts = model.routed
     tables = {"round_robin": placement.round_robin(experts, leaves)}
     if experts % leaves == 0 and leaves % switch_groups == 0:
         routes = layer(model, tokens)["experts"]

@@ -47,12 +47,17 @@ PLAN_DEPTH = 3          # expert_chiplet: tile phases planned (and their weight 
 
 
 class PacketShape:
-    """The dispatch packet's shape, for a config with ``k``, ``lanes`` and ``d_model``."""
+    """The dispatch packet's shape, for a config with ``k``, ``lanes`` and ``d_model`` (and
+    ``shared``: a shared expert's header entry after the k routed ones)."""
+
+    @property
+    def header_entries(self):
+        return self.k + getattr(self, "shared", 0)
 
     @property
     def header_flits(self):
-        """ceil(k / L) header flits."""
-        return golden.header_flits(self.k, self.lanes)
+        """ceil(entries / L) header flits."""
+        return golden.header_flits(self.header_entries, self.lanes)
 
     @property
     def x_flits(self):
@@ -103,10 +108,15 @@ class MoEGateConfig(PacketShape):
     score_width: int = int_param(8, 1, 10, "bits of a score code (gate table: 2**bits)")
     gate_width: int = int_param(8, 1, 16, "bits of an unsigned gate weight")
     data_width: int = int_param(16, 2, 32, "bits of a NoP flit lane")
+    shared: int = int_param(0, 0, 1, "1: a shared expert (id E) in every token's packet")
+    shared_leaf: int = int_param(0, 0, 63, "leaf of the shared expert")
 
     def __post_init__(self):
         validate(self)
         self.router_config()            # the router's cross-field rules, with its messages
+        if self.shared_leaf >= self.leaves:
+            raise param_error("shared_leaf", self.shared_leaf,
+                              f"an integer in 0..leaves-1 (0..{self.leaves - 1})")
         if self.data_width < self.in_width:
             raise param_error("data_width", self.data_width,
                               f"an integer in in_width..32 ({self.in_width}..32)")
@@ -117,7 +127,8 @@ class MoEGateConfig(PacketShape):
 
     @property
     def expert_bits(self):
-        return ceil_log2(self.experts)
+        """Bits of an expert id in a header entry (the shared expert is id E)."""
+        return ceil_log2(self.experts + self.shared)
 
     @property
     def beats(self):
@@ -257,6 +268,9 @@ class MoEGate(ConfiguredComponent):
         token = Signal(cfg.token_width)
         mask = Signal(cfg.leaves)
         entries = [Signal(cfg.data_width, name=f"entry_{j}") for j in range(cfg.k)]
+        if cfg.shared:                                 # expert E, the largest gate weight
+            entries.append(Const((cfg.experts << cfg.gate_width) | ((1 << cfg.gate_width) - 1),
+                                 cfg.data_width))
         out = self.packet
         in_header = flit < H
         last_flit = flit == H + B - 1
@@ -267,7 +281,8 @@ class MoEGate(ConfiguredComponent):
                      fifo.r_en.eq(sent & ~in_header),
                      route.ready.eq(~active | (sent & last_flit))]
         for lane in range(L):
-            header = select(flit, [entries[j * L + lane] if j * L + lane < cfg.k else Const(0)
+            header = select(flit, [entries[j * L + lane] if j * L + lane < len(entries)
+                                   else Const(0)
                                    for j in range(H)])
             element = fifo.r_data[lane * cfg.in_width:(lane + 1) * cfg.in_width].as_signed()
             # A header lane carries the entry's bits; an x lane its element, sign-extended.
@@ -278,7 +293,8 @@ class MoEGate(ConfiguredComponent):
                 m.d.sync += [active.eq(0), flit.eq(0)]
         with m.If(route.valid & route.ready):
             m.d.sync += [active.eq(1), flit.eq(0), token.eq(route.payload.token),
-                         mask.eq(route.payload.mask)]
+                         mask.eq(route.payload.mask | (1 << cfg.shared_leaf) if cfg.shared
+                                 else route.payload.mask)]
             for j in range(cfg.k):
                 m.d.sync += entries[j].eq(Cat(table_reads[j].data, route.payload.expert[j]))
         return m
@@ -876,7 +892,8 @@ register(Block(
 class MoELayerConfig(PacketShape):
     """Parameters of ``moe_layer``: those of its parts, named as they name them.
 
-    Routing and gate (``moe_gate``): experts, k, groups, topk_groups, token_width, d_model,
+    Routing and gate (``moe_gate``): experts, k, groups, topk_groups, shared, shared_leaf,
+    token_width, d_model,
     lanes, in_width, w_width, score_shift, score_width, gate_width, data_width, and
     ``score_acc_width`` (its ``acc_width``). Tree (``nop_tree``): fanouts, max_inflight (its
     ``acc_width`` is ``combine_width``, its ``max_flits`` one packet). Chiplets
@@ -887,6 +904,8 @@ class MoELayerConfig(PacketShape):
     k: int = _like(MoEGateConfig, "k")
     groups: int = _like(MoEGateConfig, "groups")
     topk_groups: int = _like(MoEGateConfig, "topk_groups")
+    shared: int = _like(MoEGateConfig, "shared")
+    shared_leaf: int = _like(MoEGateConfig, "shared_leaf")
     fanouts: tuple = _like(NopConfig, "fanouts", (2, 2))
     # 32 slots per switch: fewer (16) held the root back while the chiplets batch (1038
     # cycles for the 64-token bench batch against 649 with 32, and 649 with 64).
@@ -922,10 +941,11 @@ class MoELayerConfig(PacketShape):
         self.gate_config()
         self.tree_config()
         self.chiplet_config()
-        if self.experts > self.leaves * self.slots:
+        if self.experts + self.shared > self.leaves * self.slots:
             raise param_error("experts", self.experts,
-                              f"at most leaves * slots ({self.leaves * self.slots}): every "
-                              "expert needs a slot")
+                              f"at most leaves * slots - shared "
+                              f"({self.leaves * self.slots - self.shared}): every expert "
+                              "needs a slot")
 
     @property
     def leaves(self):
@@ -938,7 +958,7 @@ class MoELayerConfig(PacketShape):
             lanes=self.lanes, in_width=self.in_width, w_width=self.w_width,
             acc_width=self.score_acc_width, score_shift=self.score_shift,
             score_width=self.score_width, gate_width=self.gate_width,
-            data_width=self.data_width)
+            data_width=self.data_width, shared=self.shared, shared_leaf=self.shared_leaf)
 
     def tree_config(self):
         flits = self.header_flits + self.x_flits
@@ -951,8 +971,9 @@ class MoELayerConfig(PacketShape):
                          max_flits=flits, max_inflight=self.max_inflight)
 
     def chiplet_config(self):
-        return ExpertChipletConfig(
-            experts=self.experts, k=self.k, leaves=self.leaves, token_width=self.token_width,
+        return ExpertChipletConfig(      # the shared expert is one more expert, one more entry
+            experts=self.experts + self.shared, k=self.k + self.shared, leaves=self.leaves,
+            token_width=self.token_width,
             lanes=self.lanes, data_width=self.data_width, gate_width=self.gate_width,
             combine_width=self.combine_width, slots=self.slots, d_model=self.d_model,
             d_ff=self.d_ff, in_width=self.in_width, w_width=self.w_width,

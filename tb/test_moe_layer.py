@@ -33,6 +33,7 @@ class GateBench(StreamBench):
         self.placement = [0] * config.experts
         self.final_edges = []       # per token: the index of its final x beat among x beats
         self.routes = []            # per token: (experts, gates, mask)
+        self.shared_mask = (1 << config.shared_leaf) if config.shared else 0
 
     # --- configuration (the golden state follows every write) ---
     async def configure(self, wg=None, lut=None, placement=None):
@@ -74,8 +75,11 @@ class GateBench(StreamBench):
         codes = golden.score_codes(x, self.wg, cfg.acc_width, cfg.score_shift, cfg.score_width)
         experts, _ = golden_router.route(codes, cfg.k, cfg.groups, cfg.topk_groups)
         gates = golden.gate_weights(codes, experts, self.lut)
-        mask = golden_router.leaf_mask(experts, self.placement)
-        flits = golden.dispatch_flits(experts, gates, x, cfg.lanes, cfg.gate_width)
+        mask = golden_router.leaf_mask(experts, self.placement) | self.shared_mask
+        shared = [(cfg.experts, (1 << cfg.gate_width) - 1)] if cfg.shared else []
+        flits = golden.dispatch_flits(experts + [e for e, _ in shared],
+                                      gates + [g for _, g in shared], x, cfg.lanes,
+                                      cfg.gate_width)
         for index, flit in enumerate(flits):
             self.board.expect_payload({"token": token, "mask": mask, "data": flit,
                                        "last": int(index == len(flits) - 1)})
@@ -151,7 +155,7 @@ async def test_rewrites_between_tokens(dut):
     # score to one code leaves a tie: the lowest index wins); every expert is on one leaf.
     leader = cfg.experts - 1 if codes[-1] > max(codes[:-1]) else codes.index(max(codes))
     for experts, _, mask in bench.routes[6:]:
-        assert experts[0] == leader and mask == 1 << (cfg.leaves - 1)
+        assert experts[0] == leader and mask == (1 << (cfg.leaves - 1)) | bench.shared_mask
 
 
 @cocotb.test()

@@ -29,6 +29,7 @@ class LayerBench(StreamBench):
         self.cfg = config
         self.y = self.sinks["y"]
         self.model = None
+        self.loaded_beats = 0
         self.expected = {}                  # token id -> y
         self.leaf_tokens = [0] * config.leaves
         self.link_flits = {"down": [], "up": []}
@@ -70,11 +71,12 @@ class LayerBench(StreamBench):
         if hot is not None:                 # one expert's column far above the rest
             wg = [[high if e == hot else low for e in range(cfg.experts)]
                   for _ in range(cfg.d_model)]
-        placement = placement or [e % cfg.leaves for e in range(cfg.experts)]
+        placement = self.with_shared(placement or [e % cfg.leaves for e in range(cfg.experts)])
         return golden.MoELayer(
             wg=wg, experts=[(matrix(cfg.d_ff, cfg.d_model), matrix(cfg.d_ff, cfg.d_model),
-                             matrix(cfg.d_model, cfg.d_ff)) for _ in range(cfg.experts)],
-            placement=placement,
+                             matrix(cfg.d_model, cfg.d_ff))
+                            for _ in range(cfg.experts + cfg.shared)],
+            placement=placement, shared=bool(cfg.shared),
             gate_lut=[rng.randint(0, (1 << cfg.gate_width) - 1)
                       for _ in range(1 << cfg.score_width)],
             act_lut=golden_ndp.activation_lut("silu", cfg.in_width, 4, 4),
@@ -83,6 +85,26 @@ class LayerBench(StreamBench):
             score_shift=cfg.score_shift, score_width=cfg.score_width,
             gate_width=cfg.gate_width, gate_shift=cfg.gate_shift, data_width=cfg.data_width,
             combine_width=cfg.combine_width, lanes=cfg.lanes)
+
+    def with_shared(self, table):
+        """An expert-to-leaf table of the routed experts, and the shared expert's leaf; every
+        leaf within its slots."""
+        cfg = self.cfg
+        table = list(table[:cfg.experts]) + ([cfg.shared_leaf] if cfg.shared else [])
+        assert all(table.count(leaf) <= cfg.slots for leaf in range(cfg.leaves)), table
+        return table
+
+    def clustered(self):
+        """Consecutive routed experts on one leaf, as many as its free slots hold."""
+        cfg = self.cfg
+        free = [cfg.slots - (cfg.shared and leaf == cfg.shared_leaf) for leaf in range(cfg.leaves)]
+        table, leaf = [], 0
+        for _ in range(cfg.experts):
+            while not free[leaf]:
+                leaf += 1
+            table.append(leaf)
+            free[leaf] -= 1
+        return table
 
     async def configure(self, model, weights=True):
         """Write the model: W_g, the gate table, the router's table, the activation table and
@@ -93,18 +115,30 @@ class LayerBench(StreamBench):
             source["wg"].send({"row": d, "data": row})
         for code, value in enumerate(model.gate_lut):
             source["gate_lut"].send({"code": code, "value": value})
-        for expert, leaf in enumerate(model.placement):
+        for expert, leaf in enumerate(model.placement[:cfg.experts]):     # routed experts
             source["table"].send({"expert": expert, "leaf": leaf})
         for index, value in enumerate(model.act_lut):
             source["act_lut"].send({"index": index, "value": value})
         if weights:
+            shape = cfg.chiplet_config().schedule
+            loads = [(leaf, expert, model.experts[expert])
+                     for expert, leaf in enumerate(model.placement)]
+            if self.model is not None:
+                # A slot keeps its expert until loaded again: on a new placement, the slots
+                # left over get zero weights (they add 0 whatever token reaches them).
+                zero = ([[0] * cfg.d_model] * cfg.d_ff, [[0] * cfg.d_model] * cfg.d_ff,
+                        [[0] * cfg.d_ff] * cfg.d_model)
+                loads += [(leaf, 0, zero) for leaf in range(cfg.leaves)
+                          for _ in range(cfg.slots - model.placement.count(leaf))]
             used = [0] * cfg.leaves
-            for expert, leaf in enumerate(model.placement):
-                beats = golden.weight_beats(cfg.chiplet_config().schedule, *model.experts[expert])
+            self.loaded_beats = 0
+            for leaf, expert, matrices in loads:
+                beats = golden.weight_beats(shape, *matrices)
                 for index, beat in enumerate(beats):
                     source["weights"].send({"leaf": leaf, "slot": used[leaf], "expert": expert,
                                             "data": beat, "last": int(index == len(beats) - 1)})
                 used[leaf] += 1
+                self.loaded_beats += len(beats)
         self.model = model
         shape = cfg.chiplet_config().schedule
         budget = 30 * (cfg.d_model + len(model.gate_lut) + len(model.act_lut) +
@@ -223,9 +257,8 @@ async def test_hot_expert_and_clustered_placement(dut):
               for _ in range(config.batch + 1)]
     counts = await bench.run(tokens, _budget(bench, len(tokens), 0.2, 0.2))
     assert bench.leaf_tokens == counts
-    clustered = [e // config.slots for e in range(config.experts)]
     bench.clear_counts()
-    await bench.configure(bench.random_model(clustered))
+    await bench.configure(bench.random_model(bench.clustered()))
     counts = await bench.run([bench.random_x() for _ in range(config.batch + 1)],
                              _budget(bench, config.batch + 1, 0.2, 0.2))
     assert bench.leaf_tokens == counts
@@ -246,7 +279,7 @@ async def test_reset_mid_batch(dut):
     await bench.reset(3)
     assert not dut.y__valid.value and not dut.error.value
     bench.expected.clear()
-    for expert, leaf in enumerate(bench.model.placement):
+    for expert, leaf in enumerate(bench.model.placement[:cfg.experts]):
         bench.sources["table"].send({"expert": expert, "leaf": leaf})
     await wait_for(dut, lambda: bench.sources["table"].idle, 50 * cfg.experts + 200, "table")
     bench.y.received.clear()
@@ -289,10 +322,10 @@ async def test_throughput(dut):
     tables = golden.placements(base, tokens, cfg.leaves, switch_groups(cfg))
     for name, table in tables.items():
         bench.sources["weights"].sent_edges.clear()
-        await bench.configure(dataclasses.replace(base, placement=table))
+        await bench.configure(dataclasses.replace(base, placement=bench.with_shared(table)))
         loads = bench.sources["weights"].sent_edges
         load_cycles = loads[-1] - loads[0] + 1
-        assert len(loads) == cfg.experts * cfg.chiplet_config().schedule.expert_beats
+        assert len(loads) == bench.loaded_beats
         bench.clear_counts()
         bench.expected.clear()
         bench.y.received.clear()
@@ -313,7 +346,7 @@ async def test_throughput(dut):
                       "chiplet_macs": out["chiplet_macs"],
                       "down_link_flits": list(bench.link_flits["down"]),
                       "up_link_flits": list(bench.link_flits["up"]),
-                      "placement": list(table), "weight_load_cycles": load_cycles}
+                      "placement": bench.with_shared(table), "weight_load_cycles": load_cycles}
     main = runs["round_robin"]
     metrics = {"tokens": len(tokens), "cycles": main["cycles"],
                "tokens_per_cycle": main["tokens_per_cycle"],

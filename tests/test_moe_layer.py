@@ -110,7 +110,8 @@ def test_node_limited_routing_keeps_the_token_within_its_groups(groups, topk_gro
 
 # Configurations simulated by `make test`: the defaults; node-limited routing with odd sizes
 # (3 lanes, 5 elements: a padded beat; 2 header flits); the smallest corner (one lane, one
-# element, 1-bit codes and gates, one leaf); a wide one (16 experts, 8 lanes, one header flit).
+# element, 1-bit codes and gates, one leaf); a wide one (16 experts and a shared one on leaf 5,
+# 8 lanes, one header flit).
 SIM_CONFIGS = [
     {},
     {"experts": 6, "k": 3, "groups": 3, "topk_groups": 2, "leaves": 3, "d_model": 5, "lanes": 2,
@@ -118,7 +119,7 @@ SIM_CONFIGS = [
     {"experts": 2, "k": 1, "leaves": 1, "d_model": 1, "lanes": 1, "score_width": 1,
      "gate_width": 1, "data_width": 8, "score_shift": 0},
     {"experts": 16, "k": 4, "groups": 4, "topk_groups": 2, "leaves": 8, "d_model": 12,
-     "lanes": 8, "w_width": 4, "score_width": 6},
+     "lanes": 8, "w_width": 4, "score_width": 6, "shared": 1, "shared_leaf": 5},
 ]
 
 
@@ -230,11 +231,12 @@ def test_chiplet_config_errors_name_the_parameter(params, name):
 # ---- moe_layer: the system -----------------------------------------------------------------
 
 # The defaults (8 experts on 4 chiplets of 2 slots, a 2,2 tree); an odd one: node-limited 6
-# experts in 3 groups on a 3-leaf tree, D = 5, F = 3, 2 lanes (2 header flits), a 3x2 tile of
-# 3 arrays, batches of 3.
+# experts in 3 groups and a shared expert on a 3-leaf tree, D = 5, F = 3, 2 lanes (2 header
+# flits), a 3x2 tile of 3 arrays, batches of 3.
 LAYER_CONFIGS = [
     {},
-    {"experts": 6, "k": 3, "groups": 3, "topk_groups": 2, "fanouts": (3,), "slots": 2,
+    {"experts": 6, "k": 3, "groups": 3, "topk_groups": 2, "fanouts": (3,), "slots": 3,
+     "shared": 1, "shared_leaf": 2,
      "d_model": 5, "d_ff": 3, "lanes": 2, "rows": 3, "cols": 2, "arrays": 3, "batch": 3,
      "batch_wait": 4, "in_width": 6, "w_width": 5, "score_width": 4, "gate_width": 4,
      "data_width": 8, "acc_width": 20, "combine_width": 20, "score_shift": 3},
@@ -282,3 +284,22 @@ def test_root_link_flits_count_the_root_children_or_the_leaf_links():
     assert root_link_flits(deep, run) == 19
     flat = get_block("moe_layer").config(fanouts=(4,))
     assert root_link_flits(flat, run) == 2 * (flat.header_flits + flat.x_flits) * 10
+
+
+def test_a_shared_expert_joins_every_token_on_its_leaf_with_the_largest_gate():
+    base = _model(placement=[e % 4 for e in range(8)])
+    extra = base.experts[0]
+    model = golden.MoELayer(**{**base.__dict__, "experts": base.experts + [extra],
+                               "placement": base.placement + [3], "shared": True})
+    tokens = _tokens(6, 6)
+    out, plain = golden.layer(model, tokens), golden.layer(base, tokens)
+    assert out["experts"] == plain["experts"] and model.routed == 8
+    for mask, plain_mask in zip(out["masks"], plain["masks"]):
+        assert mask == plain_mask | 1 << 3
+    assert sum(out["chiplet_macs"]) == sum(plain["chiplet_macs"]) + 6 * golden.expert_macs(6, 5)
+    x = tokens[0]
+    choices = model.choices(out["experts"][0], out["gates"][0])
+    assert choices[-1] == (8, 255)
+    y = sum(np.asarray(golden.chiplet_return(model, leaf, choices, x), dtype=object)
+            for leaf in range(4) if out["masks"][0] >> leaf & 1)
+    assert out["y"][0] == [wrap(v, 24) for v in y]

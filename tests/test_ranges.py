@@ -30,6 +30,17 @@ def _ends(field):
     return list(meta["choices"])
 
 
+def _candidates(field):
+    """Values another parameter may take to make an end reachable: its own ends and, for a
+    list, the widest first entry over the longest tail of smallest ones ((16, 2, 2): the most
+    leaves a tree may have)."""
+    values = _ends(field)
+    meta = field.metadata
+    if meta["kind"] == "int_list":
+        values += [(meta["hi"],) + (meta["lo"],) * n for n in range(1, meta["max_len"])]
+    return values
+
+
 def _accepted(block, params):
     try:
         block.config(**params)
@@ -49,7 +60,8 @@ def range_ends():
                 found = None
                 for count in range(5):
                     for chosen in itertools.combinations(others, count):
-                        for values in itertools.product(*(_ends(fields[o]) for o in chosen)):
+                        for values in itertools.product(*(_candidates(fields[o])
+                                                          for o in chosen)):
                             params = {name: value, **dict(zip(chosen, values))}
                             if _accepted(block, params):
                                 found = params
