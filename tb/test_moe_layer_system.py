@@ -123,13 +123,13 @@ class LayerBench(StreamBench):
             shape = cfg.chiplet_config().schedule
             loads = [(leaf, expert, model.experts[expert])
                      for expert, leaf in enumerate(model.placement)]
-            if self.model is not None:
-                # A slot keeps its expert until loaded again: on a new placement, the slots
-                # left over get zero weights (they add 0 whatever token reaches them).
-                zero = ([[0] * cfg.d_model] * cfg.d_ff, [[0] * cfg.d_model] * cfg.d_ff,
-                        [[0] * cfg.d_ff] * cfg.d_model)
-                loads += [(leaf, 0, zero) for leaf in range(cfg.leaves)
-                          for _ in range(cfg.slots - model.placement.count(leaf))]
+            # A slot keeps its expert until loaded again, through resets (and so from one
+            # test to the next): the slots this placement leaves over get zero weights (they
+            # add 0 whatever token reaches them).
+            zero = ([[0] * cfg.d_model] * cfg.d_ff, [[0] * cfg.d_model] * cfg.d_ff,
+                    [[0] * cfg.d_ff] * cfg.d_model)
+            loads += [(leaf, 0, zero) for leaf in range(cfg.leaves)
+                      for _ in range(cfg.slots - model.placement.count(leaf))]
             used = [0] * cfg.leaves
             self.loaded_beats = 0
             for leaf, expert, matrices in loads:
@@ -208,7 +208,10 @@ class LayerBench(StreamBench):
         assert set(got) == set(self.expected), \
             f"tokens missing {set(self.expected) - set(got)}, extra {set(got) - set(self.expected)}"
         for token, y in self.expected.items():
-            assert got[token] == y, f"token {token}: y {got[token]} != golden {y}"
+            route = self.routes[-1]
+            index = list(self.expected).index(token)
+            assert got[token] == y, (f"token {token}: y {got[token]} != golden {y} (experts "
+                                     f"{route['experts'][index]}, mask {route['masks'][index]:b})")
         assert not self.dut.error.value
         self.dut._log.info(f"{len(got)} tokens of y bit-exact at edge {edge_now()}")
 
