@@ -37,11 +37,12 @@ def root_link_flits(config, run):
     return 2 * flits * sum(run["chiplet_tokens"])
 
 
-def _synthesize_parts(config, out_dir):
-    """Yosys generic synthesis of each part: {part: report}."""
-    parts = {"expert_chiplet": config.chiplet_config(), "moe_gate": config.gate_config(),
-             "nop_tree": config.tree_config()}
-    return {name: synthesize(get_block(name), cfg, "generic", out_dir / name)
+def _synthesize_parts(pool, config, out_dir):
+    """Yosys generic synthesis of each part, submitted to ``pool``: {part: future}. The tree
+    (the longest) first."""
+    parts = {"nop_tree": config.tree_config(), "expert_chiplet": config.chiplet_config(),
+             "moe_gate": config.gate_config()}
+    return {name: pool.submit(synthesize, get_block(name), cfg, "generic", out_dir / name)
             for name, cfg in parts.items()}
 
 
@@ -95,9 +96,9 @@ def run_layer_demo():
 
     stage(1, "generate moe_layer (defaults): Verilog and manifest")
     v_path, m_path, _ = generate(block, config, out_dir / "rtl")
-    stage(2, "Yosys generic synthesis of the parts, in the background")
-    pool = ThreadPoolExecutor(max_workers=1)
-    areas = pool.submit(_synthesize_parts, config, out_dir / "synth")
+    stage(2, "Yosys generic synthesis of the parts, in the background (two at a time)")
+    pool = ThreadPoolExecutor(max_workers=2)
+    areas = _synthesize_parts(pool, config, out_dir / "synth")
     stage(3, "Verilator: build; a 64-token batch under round-robin and clustered placement, "
              "y bit-exact against golden.moe_layer")
     status = 0
@@ -110,7 +111,8 @@ def run_layer_demo():
         figures, verdict, status = None, f"FAILED: {failure}", 1
     stage(4, "waiting for the synthesis")
     try:
-        parts = areas.result()
+        parts = {name: areas[name].result()
+                 for name in ("expert_chiplet", "moe_gate", "nop_tree")}
     except SynthError as failure:
         parts, status = None, 1
         print(f"demo: synthesis FAILED: {failure}")
