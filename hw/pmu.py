@@ -257,7 +257,11 @@ class AddressGenerator(ConfiguredComponent):
                 select_bank = Cat(*[word.bit_select(job.bank_pos[i], 1) for i in range(b)])
                 compacted = word
                 for i in reversed(range(b)):  # highest first: lower positions stay put
-                    compacted = _remove_bit(compacted, job.bank_pos[i])
+                    # A named stage per bit: _remove_bit uses its input twice, and a nested
+                    # expression would double at every step.
+                    stage = Signal(CB, name=f"lane{v}_compact{i}")
+                    m.d.comb += stage.eq(_remove_bit(compacted, job.bank_pos[i]))
+                    compacted = stage
                 bank = Mux(job.diagonal, diagonal_bank, select_bank)
                 offset = Mux(job.diagonal, word[b:], compacted[:CB - b])
             m.d.comb += [self.lane_bank[v].eq(bank), self.lane_offset[v].eq(offset)]
@@ -270,7 +274,14 @@ class AddressGenerator(ConfiguredComponent):
             rank = sum(same, Const(0, self._rank_bits)) if same else Const(0, self._rank_bits)
             m.d.comb += self.lane_rank[v].eq(rank)
             ranks.append(Mux(self.lane_valid[v], self.lane_rank[v], 0))
-        m.d.comb += self.cost.eq(reduce(lambda x, y: Mux(x > y, x, y), ranks) + 1)
+        # Running maximum through named signals: Mux(x > y, x, y) uses x twice, so a nested
+        # expression would grow as 2^V (cols=16 took minutes to elaborate).
+        largest = ranks[0]
+        for v, rank in enumerate(ranks[1:], 1):
+            stage = Signal(self._rank_bits, name=f"rank_max{v}")
+            m.d.comb += stage.eq(Mux(largest > rank, largest, rank))
+            largest = stage
+        m.d.comb += self.cost.eq(largest + 1)
         return m
 
 
