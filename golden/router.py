@@ -17,7 +17,8 @@ Routing rule (DeepSeek-V3 node-limited routing, seed 003 §4.3, with integer sco
 import numpy as np
 
 __all__ = ["rank_order", "group_scores", "route", "leaf_mask", "synthetic_trace",
-           "scores_for_trace", "pipeline_latency"]
+           "scores_for_trace", "pipeline_latency", "scan_beats", "select_cycles",
+           "scan_latency", "scan_interval", "scan_edges"]
 
 
 def pipeline_latency(k, groups, topk_groups):
@@ -28,6 +29,50 @@ def pipeline_latency(k, groups, topk_groups):
     """
     group_stages = 2 + topk_groups if groups > 1 else 0
     return 1 + group_stages + k + 1
+
+
+def scan_beats(experts, lanes, groups):
+    """B: cycles the serial router (``scan_lanes`` P >= 1) spends scanning one token's scores:
+    ceil(S/P) beats for each of the G groups of S = E/G experts (a beat never spans two
+    groups)."""
+    size = experts // groups
+    return groups * -(-size // lanes)
+
+
+def select_cycles(k, groups, topk_groups):
+    """C: cycles the serial router spends selecting: one per kept group (G > 1), one per
+    chosen expert."""
+    return (topk_groups if groups > 1 else 0) + k
+
+
+def scan_latency(experts, lanes, k, groups, topk_groups):
+    """Edges from a token's scores to its route with the serial router idle: B + C + 1."""
+    return scan_beats(experts, lanes, groups) + select_cycles(k, groups, topk_groups) + 1
+
+
+def scan_interval(experts, lanes, k, groups, topk_groups):
+    """Cycles per token of the serial router at saturation: max(B, C)."""
+    return max(scan_beats(experts, lanes, groups), select_cycles(k, groups, topk_groups))
+
+
+def scan_edges(tokens, experts, lanes, k, groups, topk_groups):
+    """Edges, from the first token's, at which the serial router takes each of ``tokens``
+    score vectors offered back to back and hands out its route (``route`` always ready).
+
+    The scanner takes a token, spends B beats on it and hands its per-group lists to the
+    selector at the edge of its last beat, h_i = max(a_i + B, h_(i-1) + C) (it waits for the
+    selector); it takes the next token at that same edge, a_(i+1) = h_i; the route leaves at
+    h_i + C + 1.
+    """
+    beats = scan_beats(experts, lanes, groups)
+    select = select_cycles(k, groups, topk_groups)
+    taken, routed, accept, handoff = [], [], 0, None
+    for _ in range(tokens):
+        handoff = accept + beats if handoff is None else max(accept + beats, handoff + select)
+        taken.append(accept)
+        routed.append(handoff + select + 1)
+        accept = handoff
+    return taken, routed
 
 
 def rank_order(values, allowed=None):

@@ -15,6 +15,21 @@ cycle:
   tree whose left inputs always hold the lower indices and win equal values);
 * the output stage looks the chosen experts up in the expert-to-leaf table and ORs their leaf
   bits into the destination mask.
+
+That pipeline holds E score registers per stage and E comparators per pick, which grows past
+what builds in minutes near E = 64. With ``scan_lanes`` P >= 1 the block is instead a serial
+router with the same ports and rule, for DeepSeek-V3 scale (E = 256, k = 8, G = 8, M = 4):
+
+* a scanner takes one score vector and walks it P scores per cycle, group by group, inserting
+  each score into a sorted list of the group's best L = min(max(k, 2 if G > 1 else 1), E/G)
+  (the top two give the group score, the top k are all the selection can need from a group);
+* at the scan's last beat the G lists go to a selector (double buffering: the scanner takes the
+  next token at that edge), which picks the M best groups one per cycle, then the k best
+  experts one per cycle by merging the kept groups' sorted lists;
+* the output register is loaded with the k experts and the mask at the final pick.
+
+Its timing is in :mod:`golden.router` (``scan_edges``): one token per max(B, C) cycles, B = G *
+ceil((E/G)/P) scan beats, C = (M if G > 1) + k selection cycles.
 """
 
 import dataclasses
@@ -23,6 +38,8 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
+
+PARALLEL_MAX_EXPERTS = 64       # the pipeline's size grows as E * (k + M): past 64, scan
 
 from golden import router as golden
 from hw.params import ConfiguredComponent, int_param, param_error, validate
@@ -38,7 +55,7 @@ class RouterConfig:
     Parameters
     ----------
     experts : int
-        E, scores per token (2..64).
+        E, scores per token (2..64; up to 256 with ``scan_lanes`` >= 1).
     k : int
         Experts chosen per token (1..8, at most E, at most topk_groups * E/groups).
     score_width : int
@@ -51,22 +68,30 @@ class RouterConfig:
         Bits of the destination mask (1..64).
     token_width : int
         Bits of the token id carried alongside (1..16).
+    scan_lanes : int
+        0: the parallel pipeline (one token per cycle); P >= 1 (at most E/G): the serial
+        router, scanning P scores per cycle.
 
     Raises
     ------
     ParamError
         On any value out of range.
     """
-    experts: int = int_param(32, 2, 64, "E, experts (scores per token)")
+    experts: int = int_param(32, 2, 256, "E, experts (scores per token; > 64 needs scan_lanes)")
     k: int = int_param(4, 1, 8, "experts chosen per token")
     score_width: int = int_param(8, 1, 16, "bits of an unsigned score")
     groups: int = int_param(4, 1, 64, "G, expert groups (1 = no node limit)")
     topk_groups: int = int_param(2, 1, 64, "M, groups a token may use")
     leaves: int = int_param(16, 1, 64, "leaves of the destination mask")
     token_width: int = int_param(8, 1, 16, "bits of the token id")
+    scan_lanes: int = int_param(0, 0, 64, "0: parallel pipeline; P: serial, P scores per cycle")
 
     def __post_init__(self):
         validate(self)
+        if self.experts > PARALLEL_MAX_EXPERTS and not self.scan_lanes:
+            raise param_error("experts", self.experts,
+                              f"an integer in 2..{PARALLEL_MAX_EXPERTS} with scan_lanes=0 "
+                              "(up to 256 with scan_lanes >= 1)")
         if self.k > self.experts:
             raise param_error("k", self.k, f"an integer in 1..experts ({self.experts})")
         if self.experts % self.groups:
@@ -77,6 +102,9 @@ class RouterConfig:
         if self.groups > 1 and self.k > self.topk_groups * self.group_size:
             raise param_error("k", self.k, "an integer in 1..topk_groups*experts/groups "
                               f"({self.topk_groups * self.group_size})")
+        if self.scan_lanes > self.group_size:
+            raise param_error("scan_lanes", self.scan_lanes,
+                              f"an integer in 0..experts/groups ({self.group_size})")
 
     @property
     def group_size(self):
@@ -84,8 +112,25 @@ class RouterConfig:
 
     @property
     def latency(self):
-        """Edges from a score vector's transfer to its route's transfer with a ready output."""
+        """Edges from a score vector's transfer to its route's transfer with a ready output
+        (and, serial, an idle router)."""
+        if self.scan_lanes:
+            return golden.scan_latency(self.experts, self.scan_lanes, self.k, self.groups,
+                                       self.topk_groups)
         return golden.pipeline_latency(self.k, self.groups, self.topk_groups)
+
+    @property
+    def interval(self):
+        """Cycles per token at saturation."""
+        if self.scan_lanes:
+            return golden.scan_interval(self.experts, self.scan_lanes, self.k, self.groups,
+                                        self.topk_groups)
+        return 1
+
+    @property
+    def list_length(self):
+        """L, entries of a group's sorted list in the serial router."""
+        return min(max(self.k, 2 if self.groups > 1 else 1), self.group_size)
 
 
 def scores_layout(config):
@@ -153,21 +198,29 @@ class TopKRouter(ConfiguredComponent):
             "route": Out(stream.Signature(route_layout(config))),
         })
 
+    def _leaf_table(self, m):
+        """The expert-to-leaf table (registers, reset to leaf 0: k entries are read at once)."""
+        leaf_of = [Signal(len(self.table.payload.leaf), name=f"leaf_of{e}")
+                   for e in range(self.config.experts)]
+        m.d.comb += self.table.ready.eq(1)
+        with m.If(self.table.valid):
+            for e in range(self.config.experts):
+                with m.If(self.table.payload.expert == e):
+                    m.d.sync += leaf_of[e].eq(self.table.payload.leaf)
+        return leaf_of
+
     def elaborate(self, platform):
         m = Module()
         cfg = self.config
+        if cfg.scan_lanes:
+            self._elaborate_serial(m)
+            return m
         E, k, G = cfg.experts, cfg.k, cfg.groups
         enable = Signal()
         out_valid = Signal()
         m.d.comb += [enable.eq(~out_valid | self.route.ready), self.scores.ready.eq(enable)]
 
-        # Expert-to-leaf table (registers: k entries are read in the output stage at once).
-        leaf_of = [Signal(len(self.table.payload.leaf), name=f"leaf_of{e}") for e in range(E)]
-        m.d.comb += self.table.ready.eq(1)
-        with m.If(self.table.valid):
-            for e in range(E):
-                with m.If(self.table.payload.expert == e):
-                    m.d.sync += leaf_of[e].eq(self.table.payload.leaf)
+        leaf_of = self._leaf_table(m)
 
         def stage(name, valid_in, token_in, scores_in, eligible_in):
             """Registers carrying a token between stages; returns the registered copies."""
@@ -262,10 +315,150 @@ class TopKRouter(ConfiguredComponent):
         m.d.comb += self.route.valid.eq(out_valid)
         return m
 
+    def _elaborate_serial(self, m):
+        """The serial router (``scan_lanes`` >= 1; module docstring and docs/blocks/router.md)."""
+        cfg = self.config
+        E, k, G, M, P = cfg.experts, cfg.k, cfg.groups, cfg.topk_groups, cfg.scan_lanes
+        W, S, L = cfg.score_width, cfg.group_size, cfg.list_length
+        per_group = -(-S // P)                       # beats per group
+        tail = S - (per_group - 1) * P               # lanes in a group's last beat (1..P)
+        group_picks = M if G > 1 else 0
+        select = group_picks + k                     # C, selection cycles
+        entry = data.StructLayout({"score": W, "expert": ceil_log2(E)})
+        leaf_of = self._leaf_table(m)
+
+        def entries(name, count=L):
+            return [Signal(entry, name=f"{name}_{i}") for i in range(count)]
+
+        # --- Scanner: one token's scores, P per beat, a group's beats one after another.
+        scan_busy, scan_token = Signal(), Signal(cfg.token_width)
+        vector = Signal(E * W)                       # the scores not yet scanned, lane 0 first
+        beat = Signal(range(per_group))
+        group = Signal(range(G))
+        base = Signal(ceil_log2(E) + 1)              # expert index of lane 0
+        current, current_valid = entries("current"), Signal(L)
+        done_lists = [entries(f"scanned{g}") for g in range(G - 1)]   # the last goes straight on
+
+        group_last = beat == per_group - 1
+        scan_last = scan_busy & group_last & (group == G - 1)
+        # Insert the beat's lanes, lowest index first, into the group's sorted list (empty at
+        # a group's first beat). A score goes after equal ones: ties to the lower index.
+        chain = [Mux(beat == 0, Const(0, entry.size), e.as_value()) for e in current]
+        chain_valid = Mux(beat == 0, 0, current_valid)
+        for lane in range(P):
+            score = vector[lane * W:(lane + 1) * W]
+            lane_on = Const(1) if lane < tail else ~group_last
+            old = [entry(v) for v in chain]
+            beats = [lane_on & (~chain_valid[i] | (score > old[i].score)) for i in range(L)]
+            stage, stage_valid = entries(f"lane{lane}_list"), Signal(L, name=f"lane{lane}_valid")
+            for i in range(L):
+                moved_down = beats[i - 1] if i else Const(0)
+                m.d.comb += [
+                    stage[i].eq(Mux(moved_down, chain[i - 1] if i else 0,
+                                    Mux(beats[i], Cat(score, (base + lane)[:entry.size - W]),
+                                        chain[i]))),
+                    stage_valid[i].eq(Mux(moved_down, chain_valid[i - 1] if i else 0,
+                                          beats[i] | chain_valid[i]))]
+            chain, chain_valid = [e.as_value() for e in stage], stage_valid
+
+        # --- Selector: M group picks, then k expert picks merging the kept groups' lists.
+        sel_busy, sel_token = Signal(), Signal(cfg.token_width)
+        count = Signal(range(select + 1))
+        lists = [entries(f"select{g}") for g in range(G)]
+        kept = Signal(G, init=0 if G > 1 else (1 << G) - 1)
+        remaining = Signal(G, init=(1 << G) - 1)
+        heads = [Signal(range(L + 1), name=f"head{g}") for g in range(G)]
+        chosen = entries("chosen", k - 1)
+        out_valid = Signal()
+        out_free = ~out_valid | self.route.ready
+        final = sel_busy & (count == select - 1)
+        handoff = scan_last & (~sel_busy | (final & out_free))
+
+        # Scanner registers.
+        with m.If(scan_busy & (~scan_last | handoff)):
+            step = Mux(group_last, tail, P)
+            m.d.sync += [vector.eq(Mux(group_last, vector >> (tail * W), vector >> (P * W))),
+                         base.eq(base + step), beat.eq(Mux(group_last, 0, beat + 1)),
+                         group.eq(group + group_last),
+                         *[c.eq(v) for c, v in zip(current, chain)],
+                         current_valid.eq(chain_valid)]
+            for g in range(G - 1):
+                with m.If(group_last & (group == g)):
+                    m.d.sync += [d.eq(v) for d, v in zip(done_lists[g], chain)]
+        with m.If(handoff):
+            m.d.sync += scan_busy.eq(0)
+        m.d.comb += self.scores.ready.eq(~scan_busy | handoff)
+        with m.If(self.scores.valid & self.scores.ready):
+            m.d.sync += [scan_busy.eq(1), scan_token.eq(self.scores.payload.token),
+                         vector.eq(self.scores.payload.score.as_value()), beat.eq(0),
+                         group.eq(0), base.eq(0)]
+
+        # Selector registers.
+        group_score = [Signal(W + 1, name=f"group_score{g}") for g in range(G)]
+        for g in range(G):
+            second = lists[g][1].score if L > 1 else 0
+            m.d.comb += group_score[g].eq(lists[g][0].score + second)
+        picking_groups = count < group_picks
+        _, best_group, _ = _argmax(m, group_score, remaining, "group")
+        heads_entry = []
+        for g in range(G):
+            head = Signal(entry, name=f"head_entry{g}")
+            m.d.comb += head.eq(lists[g][0])
+            for i in range(1, L):
+                with m.If(heads[g] == i):
+                    m.d.comb += head.eq(lists[g][i])
+            heads_entry.append(head)
+        _, best_list, _ = _argmax(m, [h.score for h in heads_entry],
+                                  [kept[g] & (heads[g] < L) for g in range(G)], "expert")
+        pick = Signal(entry)
+        m.d.comb += pick.eq(heads_entry[0])
+        for g in range(1, G):
+            with m.If(best_list == g):
+                m.d.comb += pick.eq(heads_entry[g])
+        with m.If(sel_busy & (~final | out_free)):
+            m.d.sync += count.eq(count + 1)
+            with m.If(picking_groups):
+                m.d.sync += [kept.eq(kept | (1 << best_group)),
+                             remaining.eq(remaining & ~(1 << best_group))]
+            with m.Else():
+                m.d.sync += [c.eq(v) for c, v in zip(chosen, chosen[1:] + [pick])]
+                for g in range(G):
+                    with m.If(best_list == g):
+                        m.d.sync += heads[g].eq(heads[g] + 1)
+            with m.If(final):
+                m.d.sync += sel_busy.eq(0)
+        with m.If(handoff):
+            m.d.sync += [sel_busy.eq(1), sel_token.eq(scan_token), count.eq(0),
+                         kept.eq(kept.init), remaining.eq(remaining.init),
+                         *[h.eq(0) for h in heads]]
+            for g in range(G - 1):
+                m.d.sync += [d.eq(v) for d, v in zip(lists[g], done_lists[g])]
+            m.d.sync += [d.eq(v) for d, v in zip(lists[G - 1], chain)]
+
+        # Output register, loaded at the final pick: the mask from the table as it stands.
+        experts = [c.expert for c in chosen] + [pick.expert]
+        mask = Const(0, cfg.leaves)
+        for i, expert in enumerate(experts):
+            leaf = Signal(len(self.table.payload.leaf), name=f"leaf{i}")
+            with m.Switch(expert):
+                for e in range(E):
+                    with m.Case(e):
+                        m.d.comb += leaf.eq(leaf_of[e])
+            mask = mask | (Const(1, cfg.leaves) << leaf)[:cfg.leaves]
+        out = self.route.payload
+        with m.If(self.route.ready):
+            m.d.sync += out_valid.eq(0)
+        with m.If(final & out_free):
+            m.d.sync += [out_valid.eq(1), out.token.eq(sel_token), out.mask.eq(mask),
+                         *[out.expert[i].eq(x) for i, x in enumerate(experts)],
+                         *[out.score[i].eq(c.score) for i, c in enumerate(chosen + [pick])]]
+        m.d.comb += self.route.valid.eq(out_valid)
+
 
 register(Block(
     name="topk_router", family="router", config=RouterConfig, build=TopKRouter,
-    figures=lambda cfg: {"latency_cycles": cfg.latency, "tokens_per_cycle": 1},
+    figures=lambda cfg: {"latency_cycles": cfg.latency,
+                         "tokens_per_cycle": round(1 / cfg.interval, 4) if cfg.scan_lanes else 1},
     summary="top-K expert router with node (group) limit and expert->leaf mask table",
     demo_configs=({},),
     legend="routes per cycle, latency, r of a top-k trace routed by the RTL",

@@ -2,7 +2,7 @@
 
 Every route is compared, in order, with :func:`golden.router.route` on the same scores and the
 table as written; with a ready output each route leaves exactly ``pipeline_latency`` edges after
-its scores were taken.
+its scores were taken (serial router, ``scan_lanes`` >= 1: the edges of ``scan_edges``).
 """
 
 import time
@@ -54,7 +54,7 @@ class RouterBench(StreamBench):
 
     async def drain(self):
         await wait_for(self.dut, lambda: len(self.routes.received) == len(self.expected),
-                       40 * len(self.expected) + 100, "every route out")
+                       40 * self.cfg.interval * len(self.expected) + 100, "every route out")
         await ClockCycles(self.dut.clk, 5)
 
     def check(self):
@@ -87,11 +87,23 @@ async def test_routes(dut, gap, stall):
     await bench.drain()
     bench.check()
     if gap == 0.0 and stall == 0.0:
-        # Cycle-exact: one token per cycle, each route exactly `latency` edges after its scores.
-        sent = bench.scores.sent_edges
-        assert sent == list(range(sent[0], sent[0] + len(sent)))
-        assert [e for e, _ in bench.routes.received] == [e + bench.cfg.latency for e in sent]
+        # Cycle-exact: the edge at which each token is taken and each route leaves.
+        assert _edges(bench) == _golden_edges(bench.cfg, len(bench.expected))
     bench.stop()
+
+
+def _edges(bench):
+    """Edges of the scores taken and the routes out, from the first token's."""
+    sent = bench.scores.sent_edges
+    return ([e - sent[0] for e in sent], [e - sent[0] for e, _ in bench.routes.received])
+
+
+def _golden_edges(cfg, tokens):
+    """The golden cycle model's edges for ``tokens`` offered back to back, route ready."""
+    if cfg.scan_lanes:
+        return golden.scan_edges(tokens, cfg.experts, cfg.scan_lanes, cfg.k, cfg.groups,
+                                 cfg.topk_groups)
+    return list(range(tokens)), [t + cfg.latency for t in range(tokens)]
 
 
 @cocotb.test()
@@ -145,8 +157,8 @@ async def test_table_write_edge(dut):
     writes = len(bench.table.sent_edges)
     for expert, leaf in enumerate(new_table):
         bench.table.send({"expert": expert, "leaf": leaf})
-    await wait_for(dut, lambda: len(bench.routes.received) == len(scores), 40 * len(scores),
-                   "every route out")
+    await wait_for(dut, lambda: len(bench.routes.received) == len(scores),
+                   40 * cfg.interval * len(scores), "every route out")
     written = bench.table.sent_edges[writes:]                # edge of each entry's write
     seen_old = seen_new = 0
     for (edge, route), row in zip(bench.routes.received, scores):
@@ -212,10 +224,11 @@ async def test_throughput(dut):
         bench.send(bench.random_scores(), token)
     await bench.drain()
     bench.check()
+    assert _edges(bench) == _golden_edges(cfg, len(bench.expected))
     out_edges = [e for e, _ in bench.routes.received]
-    rate = len(out_edges) / (out_edges[-1] - out_edges[0] + 1)
+    rate = (len(out_edges) - 1) / (out_edges[-1] - out_edges[0])
     latency = out_edges[0] - bench.scores.sent_edges[0]
-    assert rate == 1.0 and latency == cfg.latency
+    assert rate == 1 / cfg.interval and latency == cfg.latency
     figures = {"tokens_per_cycle": rate, "latency_cycles": latency}
     figures.update(await _replication(bench))
     write_throughput(figures, "routes per cycle, cycles; r = leaf copies per token of a "

@@ -18,12 +18,29 @@ SIM_CONFIGS = [
     {"experts": 12, "k": 3, "score_width": 4, "groups": 3, "topk_groups": 2, "leaves": 4},
     # Groups of one expert: the group score is the expert's score.
     {"experts": 16, "k": 2, "score_width": 5, "groups": 16, "topk_groups": 2, "leaves": 5},
+    # Serial: groups of 6 scanned 4 lanes a beat (a beat of 4, then of 2), scan-bound (B=8, C=5).
+    {"experts": 24, "k": 3, "score_width": 4, "groups": 4, "topk_groups": 2, "leaves": 5,
+     "scan_lanes": 4},
+    # Serial without a group limit, 7 experts 3 a beat, selection-bound (B=3 < C=6), ties.
+    {"experts": 7, "k": 6, "score_width": 3, "groups": 1, "topk_groups": 1, "leaves": 3,
+     "scan_lanes": 3},
 ]
 
 
 def test_latency_counts_the_stages():
     assert golden.pipeline_latency(8, 8, 4) == 1 + 6 + 8 + 1
     assert golden.pipeline_latency(2, 1, 1) == 1 + 2 + 1
+
+
+def test_serial_timing_follows_the_recurrence():
+    # DeepSeek-V3: 8 groups of 32 scanned 32 a beat: B = 8, C = 4 + 8 = 12.
+    assert golden.scan_beats(256, 32, 8) == 8 and golden.select_cycles(8, 8, 4) == 12
+    assert golden.scan_latency(256, 32, 8, 8, 4) == 21
+    taken, routed = golden.scan_edges(4, 256, 32, 8, 8, 4)
+    assert taken == [0, 8, 20, 32] and routed == [21, 33, 45, 57]
+    # Scan-bound: 24 experts in groups of 6, 4 lanes: beats of 4 and 2, B = 8 > C = 5.
+    assert golden.scan_interval(24, 4, 3, 4, 2) == 8
+    assert golden.scan_edges(3, 24, 4, 3, 4, 2) == ([0, 8, 16], [14, 22, 30])
 
 
 def test_single_expert_groups_rank_by_score():
@@ -39,7 +56,12 @@ def test_scores_for_trace_reproduce_the_trace():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"experts": 65}, "parameter 'experts': got 65; allowed: an integer in 2..64"),
+    ({"experts": 65}, "parameter 'experts': got 65; allowed: an integer in 2..64 with "
+     "scan_lanes=0 (up to 256 with scan_lanes >= 1)"),
+    ({"experts": 257, "scan_lanes": 8},
+     "parameter 'experts': got 257; allowed: an integer in 2..256"),
+    ({"scan_lanes": 9}, "parameter 'scan_lanes': got 9; allowed: an integer in 0..experts/groups "
+     "(8)"),
     ({"k": 9}, "parameter 'k': got 9; allowed: an integer in 1..8"),
     ({"experts": 4, "k": 5, "groups": 1, "topk_groups": 1},
      "parameter 'k': got 5; allowed: an integer in 1..experts (4)"),
@@ -55,8 +77,11 @@ def test_config_rejects_bad_values(kwargs, message):
     assert str(info.value) == message
 
 
-# The largest router: its Verilator build alone takes about 8 minutes on 2 cores.
-SWEEP_CONFIGS = [{"experts": 64, "k": 8, "groups": 8, "topk_groups": 4}]
+# The largest parallel router: its Verilator build alone takes about 8 minutes on 2 cores. Paper
+# scale, serial: DeepSeek-V3 (256 experts, top 8 of at most 4 of 8 groups) and 128 experts, top 8.
+SWEEP_CONFIGS = [{"experts": 64, "k": 8, "groups": 8, "topk_groups": 4},
+                 {"experts": 256, "k": 8, "groups": 8, "topk_groups": 4, "scan_lanes": 32},
+                 {"experts": 128, "k": 8, "groups": 1, "topk_groups": 1, "scan_lanes": 16}]
 
 
 @pytest.mark.sweep
