@@ -1,4 +1,5 @@
-"""Two-tier 3D builds (`moegen verilog|sim|synth BLOCK --3d`), seed 004 §III-B, Fig. 2/3.
+"""Two-tier 3D builds (`moegen verilog|sim|synth BLOCK --3d`): seed 004 §III-B, Fig. 2/3 (arrays
+under logic) and seed 000 (Mozart: logic over SRAM).
 
 A block that can be split registers ``tiers(config) -> (top component, bottom component)``:
 the top component is the block with the bottom tier's ports exposed as ``bottom__<port>``;
@@ -113,7 +114,7 @@ def generate_3d(block, config, out_dir):
     per-direction bond counts. Raises :class:`NoTiers` for blocks without a partition."""
     if block.tiers is None:
         raise NoTiers(f"block {block.name!r} has no tier partition; --3d is available for "
-                      "blocks with a bottom and a top tier (spiking_expert)")
+                      "blocks that register a bottom and a top tier (`moegen list`)")
     out_dir = Path(out_dir)
     v2d, _, info = generate(block, config, out_dir)
     top, bottom = block.tiers(config)

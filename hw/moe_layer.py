@@ -31,11 +31,11 @@ from amaranth.utils import ceil_log2
 
 from golden import moe_layer as golden
 from golden import router as golden_router
-from hw.params import ConfiguredComponent, int_param, param_error, validate
+from hw.params import ConfiguredComponent, TieredComponent, int_param, param_error, validate
 from hw.pipeline import requant, select
 from hw.registry import Block, register
 from hw.nop import NopConfig, NopTree, down_layout, up_layout
-from hw.pmu import PMU, PMUConfig
+from hw.pmu import PMU, PMUConfig, ScratchpadBanks, banks_signature
 from hw.router import RouterConfig, TopKRouter, table_layout
 from hw.systolic import SystolicTile, SystolicTileConfig
 
@@ -459,7 +459,7 @@ def act_lut_layout(config):
     return data.StructLayout({"index": config.in_width, "value": signed(config.in_width)})
 
 
-class ExpertChiplet(ConfiguredComponent):
+class ExpertChiplet(TieredComponent):
     """The ``expert_chiplet`` block (contract: docs/blocks/moe_layer.md).
 
     Members
@@ -479,7 +479,9 @@ class ExpertChiplet(ConfiguredComponent):
         Sticky: a misframed packet or weight load, or a slot out of range.
     """
 
-    def __init__(self, config):
+    def __init__(self, config, *, tier=None):
+        """``tier="top"``: the logic alone, the scratchpad's banks as ports
+        ``bottom__bank<b>__*`` (the 3D build, Mozart's logic die over its SRAM die)."""
         shape = config.nop_shape()
         super().__init__(config, {
             "down": In(stream.Signature(down_layout(shape))),
@@ -487,7 +489,7 @@ class ExpertChiplet(ConfiguredComponent):
             "weights": In(stream.Signature(weights_layout(config))),
             "act_lut": In(stream.Signature(act_lut_layout(config))),
             "error": Out(1),
-        })
+        }, banks_signature(config.pmu_config()), tier)
 
     def elaborate(self, platform):
         m = Module()
@@ -504,7 +506,9 @@ class ExpertChiplet(ConfiguredComponent):
         tile = m.submodules.tile = SystolicTile(SystolicTileConfig(
             rows=R, cols=C, arrays=n, in_width=cfg.tile_width, acc_width=cfg.acc_width))
         pmu_cfg = cfg.pmu_config()
-        pmu = m.submodules.scratchpad = PMU(pmu_cfg)
+        pmu = m.submodules.scratchpad = PMU(pmu_cfg, tier=self.tier)
+        if self.tier == "top":
+            wiring.connect(m, pmu.bottom, wiring.flipped(self.bottom))
         with m.If(pmu.error | tile.error):
             m.d.sync += error.eq(1)
 
@@ -881,6 +885,8 @@ register(Block(
     demo_configs=({},),
     area_unit="PE", area_units=lambda cfg: cfg.rows * cfg.cols * cfg.arrays,
     legend="PE utilization of a batch with every port ready",
+    tiers=lambda cfg: (ExpertChiplet(cfg, tier="top"), ScratchpadBanks(cfg.pmu_config())),
+    tier_contents=("tile, planner, token slots, address generators", "the scratchpad banks"),
 ))
 
 
@@ -996,7 +1002,31 @@ def y_layout(config):
         "data": data.ArrayLayout(signed(config.combine_width), config.lanes), "last": 1})
 
 
-class MoELayer(ConfiguredComponent):
+def layer_banks_signature(config):
+    """Every chiplet's scratchpad banks (``leaf<i>__bank<b>__*``), as the memory tier sees
+    them."""
+    return wiring.Signature({f"leaf{leaf}": Out(banks_signature(config.chiplet_config()
+                                                                  .pmu_config()))
+                             for leaf in range(config.leaves)})
+
+
+class LayerScratchpads(ConfiguredComponent):
+    """The memory tier of the layer's 3D build: one :class:`hw.pmu.ScratchpadBanks` per
+    chiplet."""
+
+    def __init__(self, config):
+        super().__init__(config, layer_banks_signature(config))
+
+    def elaborate(self, platform):
+        m = Module()
+        for leaf in range(self.config.leaves):
+            banks = m.submodules[f"leaf{leaf}"] = ScratchpadBanks(
+                self.config.chiplet_config().pmu_config())
+            wiring.connect(m, wiring.flipped(getattr(self, f"leaf{leaf}")), banks)
+        return m
+
+
+class MoELayer(TieredComponent):
     """The ``moe_layer`` block (contract: docs/blocks/moe_layer.md): ``moe_gate`` at the root
     of a ``nop_tree`` whose leaves are ``expert_chiplet`` s; the tree's combine gives y.
 
@@ -1018,7 +1048,9 @@ class MoELayer(ConfiguredComponent):
         Sticky: any part's error.
     """
 
-    def __init__(self, config):
+    def __init__(self, config, *, tier=None):
+        """``tier="top"``: the logic die alone, every chiplet's scratchpad banks as ports
+        ``bottom__leaf<i>__bank<b>__*`` (:class:`LayerScratchpads` is the memory die)."""
         self._tree = NopTree(config.tree_config())
         super().__init__(config, {
             "x": In(stream.Signature(x_layout(config.gate_config()))),
@@ -1032,7 +1064,7 @@ class MoELayer(ConfiguredComponent):
             "down_link_fire": Out(len(self._tree.down_link_fire)),
             "up_link_fire": Out(len(self._tree.up_link_fire)),
             "error": Out(1),
-        })
+        }, layer_banks_signature(config), tier)
 
     def elaborate(self, platform):
         m = Module()
@@ -1048,7 +1080,11 @@ class MoELayer(ConfiguredComponent):
         weights = self.weights
         ready = []
         for leaf in range(cfg.leaves):
-            chiplet = m.submodules[f"chiplet{leaf}"] = ExpertChiplet(cfg.chiplet_config())
+            chiplet = m.submodules[f"chiplet{leaf}"] = ExpertChiplet(cfg.chiplet_config(),
+                                                                     tier=self.tier)
+            if self.tier == "top":
+                wiring.connect(m, chiplet.bottom,
+                               wiring.flipped(getattr(self.bottom, f"leaf{leaf}")))
             wiring.connect(m, tree.down_out[leaf], chiplet.down)
             wiring.connect(m, chiplet.up, tree.up_in[leaf])
             errors.append(chiplet.error)
@@ -1092,4 +1128,6 @@ register(Block(
     demo_configs=({},),
     area_unit="chiplet", area_units=lambda cfg: cfg.leaves,
     legend="tokens per cycle of a batch against the busiest chiplet's MAC bound",
+    tiers=lambda cfg: (MoELayer(cfg, tier="top"), LayerScratchpads(cfg)),
+    tier_contents=("gate, router, NoP tree, chiplet logic", "every chiplet's scratchpad banks"),
 ))

@@ -54,6 +54,33 @@ class ConfiguredComponent(wiring.Component):
         return self._config
 
 
+class TieredComponent(ConfiguredComponent):
+    """A block built whole (2D, ``tier=None``: its bottom-tier parts are submodules) or as its
+    top tier alone (``tier="top"``: the bottom tier's ports become ports ``bottom__*``, for the
+    two-tier 3D build of :mod:`flows.threed`).
+
+    Parameters
+    ----------
+    config
+        The block's config (``self.config``).
+    members : dict
+        The block's own ports.
+    bottom : wiring.Signature
+        The bottom tier's signature, as the bottom tier sees it.
+    tier : None or "top"
+    """
+
+    def __init__(self, config, members, bottom, tier=None):
+        self._tier = tier
+        if tier == "top":
+            members["bottom"] = wiring.In(bottom)      # flipped: what the bottom takes, we drive
+        super().__init__(config, members)
+
+    @property
+    def tier(self):
+        return self._tier
+
+
 def int_param(default, lo, hi, doc, *, check=None, check_doc=None):
     """An integer parameter allowed in ``lo..hi`` (inclusive).
 

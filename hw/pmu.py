@@ -23,11 +23,12 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2, exact_log2
 
 from golden import pmu as golden
-from hw.params import ConfiguredComponent, int_param, param_error, validate
+from hw.params import ConfiguredComponent, TieredComponent, int_param, param_error, validate
 from hw.pipeline import OutputQueue
 from hw.registry import Block, register
 
-__all__ = ["PMUConfig", "PMU", "AddressGenerator", "job_layout"]
+__all__ = ["PMUConfig", "PMU", "AddressGenerator", "ScratchpadBanks", "banks_signature",
+           "job_layout"]
 
 JOB_QUEUE_DEPTH = 2   # the running job is latched; one more waits in the queue
 READ_FIFO_DEPTH = 4   # read results in flight + buffered; 4 keeps a ready consumer at 1/cycle
@@ -285,7 +286,40 @@ class AddressGenerator(ConfiguredComponent):
         return m
 
 
-class PMU(ConfiguredComponent):
+def banks_signature(config):
+    """The scratchpad banks' ports as the banks see them (``bank<b>__*`` per bank): a write
+    port (``w_en``, ``w_addr``, ``w_data``: the word is written at the edge) and a synchronous
+    read port (``r_addr`` in, ``r_data`` out the cycle after: the old word on a read and a
+    write of the same word at one edge)."""
+    address = exact_log2(config.bank_depth)
+    bank = wiring.Signature({"w_en": In(1), "w_addr": In(address),
+                             "w_data": In(config.elem_width), "r_addr": In(address),
+                             "r_data": Out(config.elem_width)})
+    return wiring.Signature({f"bank{b}": Out(bank) for b in range(config.banks)})
+
+
+class ScratchpadBanks(ConfiguredComponent):
+    """The PMU's B memory banks alone (the memory tier of a two-tier 3D build): each
+    ``bank_depth`` words of ``elem_width`` bits, zero at start-up, not reset."""
+
+    def __init__(self, config):
+        super().__init__(config, banks_signature(config))
+
+    def elaborate(self, platform):
+        m = Module()
+        for bank in range(self.config.banks):
+            ports = getattr(self, f"bank{bank}")
+            mem = Memory(shape=unsigned(self.config.elem_width), depth=self.config.bank_depth,
+                         init=[])
+            m.submodules[f"bank{bank}"] = mem
+            write, read = mem.write_port(), mem.read_port()
+            m.d.comb += [write.en.eq(ports.w_en), write.addr.eq(ports.w_addr),
+                         write.data.eq(ports.w_data), read.addr.eq(ports.r_addr),
+                         ports.r_data.eq(read.data)]
+        return m
+
+
+class PMU(TieredComponent):
     """Banked scratchpad with concurrent write and read address generators (block ``pmu``).
 
     Members
@@ -316,7 +350,9 @@ class PMU(ConfiguredComponent):
     and a write of the same word in the same cycle read the old word.
     """
 
-    def __init__(self, config):
+    def __init__(self, config, *, tier=None):
+        """``tier="top"`` builds the logic alone, the banks' ports as ``bottom__bank<b>__*``
+        (the 3D build: :class:`ScratchpadBanks` on the memory tier)."""
         super().__init__(config, {
             "wjob": In(stream.Signature(job_layout(config))),
             "rjob": In(stream.Signature(job_layout(config))),
@@ -327,7 +363,7 @@ class PMU(ConfiguredComponent):
             "w_conflict_cycles": Out(32),
             "r_conflict_cycles": Out(32),
             "error": Out(1),
-        })
+        }, banks_signature(config), tier)
 
     def elaborate(self, platform):
         cfg = self.config
@@ -343,11 +379,11 @@ class PMU(ConfiguredComponent):
         with m.If(wag.bad_job | rag.bad_job):
             m.d.sync += self.error.eq(1)
 
-        banks = []
-        for bank in range(cfg.banks):
-            mem = Memory(shape=unsigned(cfg.elem_width), depth=cfg.bank_depth, init=[])
-            m.submodules[f"bank{bank}"] = mem
-            banks.append((mem.write_port(), mem.read_port()))
+        if self.tier == "top":
+            memory = self.bottom
+        else:
+            memory = m.submodules.banks = ScratchpadBanks(cfg)
+        banks = [getattr(memory, f"bank{bank}") for bank in range(cfg.banks)]
 
         def served_by(agen, step, bank):
             """Lanes of the current access that use ``bank`` in serialization step ``step``."""
@@ -368,11 +404,11 @@ class PMU(ConfiguredComponent):
                 m.d.sync += self.w_conflict_cycles.eq(self.w_conflict_cycles + 1)
             with m.If(w_final & (self.w.payload.last != wag.last_access)):
                 m.d.sync += self.error.eq(1)
-        for bank, (write_port, _) in enumerate(banks):
+        for bank, ports in enumerate(banks):
             selects = [writing & s for s in served_by(wag, w_step, bank)]
-            m.d.comb += [write_port.en.eq(reduce(operator.or_, selects)),
-                         write_port.addr.eq(one_hot_pick(selects, list(wag.lane_offset))),
-                         write_port.data.eq(one_hot_pick(selects, list(self.w.payload.data)))]
+            m.d.comb += [ports.w_en.eq(reduce(operator.or_, selects)),
+                         ports.w_addr.eq(one_hot_pick(selects, list(wag.lane_offset))),
+                         ports.w_data.eq(one_hot_pick(selects, list(self.w.payload.data)))]
 
         # Read port: issue one rank per cycle; data returns a cycle later and is gathered.
         queue = OutputQueue(m, self.r, depth=READ_FIFO_DEPTH, name="read_fifo")
@@ -386,9 +422,9 @@ class PMU(ConfiguredComponent):
             m.d.sync += r_step.eq(Mux(r_final, 0, r_step + 1))
             with m.If(~r_final):
                 m.d.sync += self.r_conflict_cycles.eq(self.r_conflict_cycles + 1)
-        for bank, (_, read_port) in enumerate(banks):
+        for bank, ports in enumerate(banks):
             selects = served_by(rag, r_step, bank)
-            m.d.comb += read_port.addr.eq(one_hot_pick(selects, list(rag.lane_offset)))
+            m.d.comb += ports.r_addr.eq(one_hot_pick(selects, list(rag.lane_offset)))
 
         served = Signal(V)
         served_bank = Signal.like(rag.lane_bank)
@@ -399,7 +435,7 @@ class PMU(ConfiguredComponent):
                      served_bank.eq(rag.lane_bank), pushing.eq(issuing & r_final)]
         with m.If(issuing & r_final):
             m.d.sync += [access_valid.eq(rag.lane_valid), access_last.eq(rag.last_access)]
-        bank_data = Array(read_port.data for _, read_port in banks)
+        bank_data = Array(ports.r_data for ports in banks)
         gathered = [Signal(cfg.elem_width, name=f"gathered{v}") for v in range(V)]
         merged = [Mux(served[v], bank_data[served_bank[v]], gathered[v]) for v in range(V)]
         for v in range(V):
@@ -419,4 +455,6 @@ register(Block(
     demo_configs=({"banks": 8, "bank_depth": 64, "elem_width": 16, "lanes": 8, "loops": 3},),
     area_unit="bank", area_units=lambda cfg: cfg.banks,
     legend="read accesses per cycle, pattern/mapping",
+    tiers=lambda cfg: (PMU(cfg, tier="top"), ScratchpadBanks(cfg)),
+    tier_contents=("address generators, gather, read FIFO", "the memory banks"),
 ))

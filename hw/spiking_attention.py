@@ -29,7 +29,7 @@ from hw.params import ConfiguredComponent, int_param, validate
 from hw.pipeline import OutputQueue
 from hw.registry import Block, register
 from hw.spiking import lif_neuron
-from hw.spiking_base import SisArray, TieredComponent, array_signature, tile_feeder
+from hw.spiking_base import SisArray, SisTieredComponent, array_signature, tile_feeder
 
 __all__ = ["SpikingAttentionConfig", "SpikingAttention", "AttentionArrays",
            "attention_command_layout"]
@@ -118,7 +118,7 @@ class AttentionArrays(ConfiguredComponent):
         return m
 
 
-class SpikingAttention(TieredComponent):
+class SpikingAttention(SisTieredComponent):
     """``spiking_attention``: Alg. 2 of seed 004 on H lockstep cores.
 
     Members

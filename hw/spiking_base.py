@@ -2,7 +2,8 @@
 
 * :class:`SisArray`: the synaptic-integration-stationary array, the bottom tier of every spiking
   block (:func:`hw.systolic.os_grid` with a spike-gated add and a column read-out);
-* :class:`TieredComponent`: a block built whole (2D) or as its top tier alone (3D build);
+* :class:`SisTieredComponent`: a spiking block built whole (2D) or as its top tier alone (3D
+  build, :class:`hw.params.TieredComponent`);
 * :func:`tile_counter` and :func:`tile_feeder`: the tiled beat order of
   :func:`golden.spiking_expert.expert_input_beats`, paired into an array.
 """
@@ -11,11 +12,11 @@ from amaranth.hdl import Cat, Module, Mux, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.params import ConfiguredComponent
+from hw.params import ConfiguredComponent, TieredComponent
 from hw.pipeline import StallPipe
 from hw.systolic import os_grid
 
-__all__ = ["SisArray", "array_signature", "TieredComponent", "tile_counter", "tile_feeder"]
+__all__ = ["SisArray", "array_signature", "SisTieredComponent", "tile_counter", "tile_feeder"]
 
 
 def array_signature(config):
@@ -57,26 +58,9 @@ class SisArray(ConfiguredComponent):
         return m
 
 
-class TieredComponent(ConfiguredComponent):
-    """A block built whole (2D, ``tier=None``: its arrays are submodules) or as its top tier
-    alone (``tier="top"``: the arrays' ports become ports ``bottom__*``, for the 3D build).
-
-    Parameters
-    ----------
-    config
-        The block's config (``self.config``).
-    members : dict
-        The block's own ports.
-    bottom : wiring.Signature
-        The bottom tier's signature, as the bottom tier sees it.
-    tier : None or "top"
-    """
-
-    def __init__(self, config, members, bottom, tier=None):
-        self._tier = tier
-        if tier == "top":
-            members["bottom"] = In(bottom)                 # flipped: the top drives enable
-        super().__init__(config, members)
+class SisTieredComponent(TieredComponent):
+    """A spiking block: its bottom tier is one :class:`SisArray` (a submodule ``array`` in the
+    2D build)."""
 
     def feed_sis_array(self, m, pipe, take, first, last):
         """The bottom tier of the expert and the router: one :class:`SisArray` fed from the

@@ -25,7 +25,7 @@ from hw.params import int_param, validate
 from hw.pipeline import OutputQueue
 from hw.registry import Block, register
 from hw.spiking import lif_neuron
-from hw.spiking_base import SisArray, TieredComponent, array_signature, tile_feeder
+from hw.spiking_base import SisArray, SisTieredComponent, array_signature, tile_feeder
 
 __all__ = ["SpikingExpertConfig", "SpikingExpert", "expert_command_layout"]
 
@@ -67,7 +67,7 @@ def expert_command_layout(config):
         "vth": signed(config.v_width), "vleak": signed(config.v_width)})
 
 
-class SpikingExpert(TieredComponent):
+class SpikingExpert(SisTieredComponent):
     """``spiking_expert``: a synaptic-integration-stationary R x C array (bottom tier) and R
     LIF spike generators (top tier) fused: steps 2 + 3 + 4 of seed 004 Alg. 1.
 

@@ -35,7 +35,7 @@ from amaranth.utils import bits_for
 from hw.params import ConfiguredComponent, int_param, param_error, validate
 from hw.pipeline import select
 from hw.registry import Block, register
-from hw.spiking_base import SisArray, TieredComponent, array_signature, tile_counter
+from hw.spiking_base import SisArray, SisTieredComponent, array_signature, tile_counter
 from hw.spiking_expert import SpikingExpert, SpikingExpertConfig
 from hw.spiking_router import SpikingRouter, SpikingRouterConfig, route_layout
 
@@ -130,7 +130,7 @@ class MoeArrays(ConfiguredComponent):
         return m
 
 
-class SpikingMoe(TieredComponent):
+class SpikingMoe(SisTieredComponent):
     """``spiking_moe``: Alg. 1 of seed 004 (see the module docstring for the phases).
 
     Members

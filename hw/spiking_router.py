@@ -24,7 +24,7 @@ from golden import spiking_router as golden
 from hw.params import int_param, validate
 from hw.pipeline import OutputQueue
 from hw.registry import Block, register
-from hw.spiking_base import SisArray, TieredComponent, array_signature, tile_feeder
+from hw.spiking_base import SisArray, SisTieredComponent, array_signature, tile_feeder
 
 __all__ = ["SpikingRouterConfig", "SpikingRouter", "router_command_layout", "route_layout",
            "top_k_mask"]
@@ -89,7 +89,7 @@ def top_k_mask(m, scores, k, name):
     return Cat(*bits)
 
 
-class SpikingRouter(TieredComponent):
+class SpikingRouter(SisTieredComponent):
     """``spiking_router``: the routing-score array (bottom tier) and the top-K selection (top).
 
     Members

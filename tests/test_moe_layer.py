@@ -1,7 +1,8 @@
-"""The MoE layer's golden model (golden/moe_layer.py); the block itself is under construction
-(issue 16), so these check the arithmetic contract it will be held to."""
+"""The MoE layer: its golden model (golden/moe_layer.py), and moe_gate, expert_chiplet and
+moe_layer on both simulators (2D, and the 3D build in lockstep with the 2D)."""
 
 import random
+import re
 
 import numpy as np
 import pytest
@@ -215,6 +216,42 @@ CHIPLET_COCOTB_TESTS = 10
 @pytest.mark.parametrize("params", CHIPLET_CONFIGS, ids=[config_id(p) for p in CHIPLET_CONFIGS])
 def test_chiplet_cocotb(params, simulator):
     assert run_block("expert_chiplet", params, simulator).tests == CHIPLET_COCOTB_TESTS
+
+
+@pytest.mark.parametrize("simulator", ["icarus", "verilator"])
+def test_chiplet_3d_in_lockstep_with_2d(simulator):
+    # Logic die over SRAM die: expert_chiplet_equiv runs both builds; every test passes on the
+    # 2D outputs and `mismatch` never rises.
+    assert run_block("expert_chiplet", CHIPLET_CONFIGS[1], simulator,
+                     three_d=True).tests == CHIPLET_COCOTB_TESTS
+
+
+@pytest.mark.parametrize("simulator", ["icarus", "verilator"])
+def test_layer_3d_in_lockstep_with_2d(simulator):
+    assert run_block("moe_layer", LAYER_CONFIGS[1], simulator,
+                     three_d=True).tests == LAYER_COCOTB_TESTS
+
+
+def test_layer_3d_puts_every_scratchpad_bank_on_the_memory_die(tmp_path):
+    from flows.threed import generate_3d
+    block = get_block("moe_layer")
+    config = block.config(**LAYER_CONFIGS[1])
+    built = generate_3d(block, config, tmp_path)
+    pmu = config.chiplet_config().pmu_config()
+    address = pmu.bank_depth.bit_length() - 1
+    banks = config.leaves * pmu.banks
+    # Per bank: write enable, write address and data, read address down; read data up.
+    assert built["bond_counts"] == {"down": 2 + banks * (1 + 2 * address + pmu.elem_width),
+                                    "up": banks * pmu.elem_width}
+    assert {net for net, _, _ in built["nets"]} >= {
+        f"leaf{leaf}__bank{bank}__r_data" for leaf in range(config.leaves)
+        for bank in range(pmu.banks)}
+    # The bank memories (reg arrays named bank<b>) are on the bottom die, none on the top.
+    bank_array = re.compile(r"^\s*reg \[\d+:0\] bank\d+ \[", re.M)
+    assert len(bank_array.findall(built["paths"]["bottom"].read_text())) == banks
+    assert not bank_array.findall(built["paths"]["top"].read_text())
+    partition = built["paths"]["partition"].read_text().splitlines()
+    assert partition[:2] == ["u_top 0", "u_bottom 1"] and len(partition) == 2 + len(built["bonds"])
 
 
 @pytest.mark.parametrize("params, name", [
