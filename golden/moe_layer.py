@@ -101,7 +101,8 @@ class MoELayer:
     ``wg``: D x E gate matrix; ``experts[e] = (Wg_e, Wu_e, Wd_e)`` (F x D, F x D, D x F, as in
     ``golden.ndp``); ``placement[e]``: the chiplet (leaf) of expert e; ``gate_lut``:
     2**score_width unsigned entries; ``act_lut``: 2**in_width signed entries; ``shifts``:
-    (shift_g, shift_u, shift_h) of the FFN. With ``shared``, ``experts`` and ``placement`` have
+    (shift_g, shift_u, shift_h) of the FFN; ``leaves``: the chiplets, counted in the per-chiplet
+    figures even when no expert sits on some (0: those the placement uses). With ``shared``, ``experts`` and ``placement`` have
     one more entry, the shared expert's (index E = the columns of ``wg``).
     """
     wg: list
@@ -123,6 +124,7 @@ class MoELayer:
     combine_width: int = 24
     lanes: int = 4
     shared: bool = False
+    leaves: int = 0              # chiplets of the layer (0: as many as the placement uses)
 
     @property
     def routed(self):
@@ -179,7 +181,7 @@ def layer(model, tokens):
         ``combine_width``); ``chiplet_tokens`` (tokens each chiplet received) and
         ``chiplet_macs`` (its FFN multiply-accumulates); ``replication`` (chiplets per token).
     """
-    chiplets = max(model.placement) + 1
+    chiplets = max(model.leaves, max(model.placement) + 1)
     out = {"codes": [], "experts": [], "gates": [], "masks": [], "y": [],
            "chiplet_tokens": [0] * chiplets, "chiplet_macs": [0] * chiplets}
     per_expert = expert_macs(model.d_model, model.d_ff)

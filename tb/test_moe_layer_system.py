@@ -84,7 +84,7 @@ class LayerBench(StreamBench):
             topk_groups=cfg.topk_groups, in_width=cfg.in_width, acc_width=cfg.acc_width,
             score_shift=cfg.score_shift, score_width=cfg.score_width,
             gate_width=cfg.gate_width, gate_shift=cfg.gate_shift, data_width=cfg.data_width,
-            combine_width=cfg.combine_width, lanes=cfg.lanes)
+            combine_width=cfg.combine_width, lanes=cfg.lanes, leaves=cfg.leaves)
 
     def with_shared(self, table):
         """An expert-to-leaf table of the routed experts, and the shared expert's leaf; every
