@@ -82,6 +82,16 @@ def test_experts_on_separate_chiplets_are_rounded_each_then_summed_in_the_networ
     assert out["replication"] == 2.0
 
 
+def test_chiplets_without_experts_are_counted_idle():
+    # 2 experts on a 4-chiplet layer: the per-chiplet figures cover all 4 (the RTL's leaf taps
+    # count 4), the empty ones at zero.
+    import dataclasses
+    model = dataclasses.replace(_model(experts=2, k=2, placement=[0, 1]), leaves=4)
+    out = golden.layer(model, _tokens(5, 6))
+    assert out["chiplet_tokens"] == [5, 5, 0, 0]
+    assert out["chiplet_macs"][2:] == [0, 0] and min(out["chiplet_macs"][:2]) > 0
+
+
 def test_a_token_reaches_a_chiplet_once_and_work_follows_the_experts():
     model = _model(placement=[0, 0, 1, 1, 2, 2, 3, 3], k=4)
     tokens = _tokens(10, 6)
