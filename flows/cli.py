@@ -1,4 +1,4 @@
-"""The ``moegen`` command: list, verilog, sim, synth, doctor, bench, demo, schedule, docs.
+"""The ``moegen`` command: list, verilog, sim, synth, doctor, bench, demo, schedule, numerics, docs.
 
 Every subcommand is a thin layer over the Python API in ``flows``. Bad input (unknown block,
 parameter, simulator or target; a value of the wrong type or out of range) prints one line,
@@ -194,6 +194,15 @@ def cmd_schedule(args):
     return 0
 
 
+def cmd_numerics(args):
+    from flows import numerics
+    if not 1 <= args.trials <= 1000:
+        raise _UsageError(f"option '--trials': got {args.trials}; allowed: an integer in "
+                          "1..1000")
+    numerics.run(Path(args.output), trials=args.trials, seed=args.seed)
+    return 0
+
+
 def _parser():
     parser = _Parser(prog="moegen", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -244,6 +253,12 @@ def _parser():
                    help="expert popularity ~ 1/rank**skew of the synthetic routing")
     p.add_argument("-o", "--output", default="build/schedule", help="output folder")
     p.set_defaults(func=cmd_schedule)
+    p = sub.add_parser("numerics", help="FP8 dot-product error against K for three "
+                       "accumulation precisions (table and plot)")
+    p.add_argument("--trials", type=int, default=16, help="random dot products per K")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("-o", "--output", default="build/numerics", help="output folder")
+    p.set_defaults(func=cmd_numerics)
     p = sub.add_parser("docs", help="regenerate the parameter, figure and block tables of "
                        "README.md and docs/blocks/")
     p.add_argument("--bench", metavar="BENCH_JSON",

@@ -1,0 +1,286 @@
+"""Low-precision floating-point formats and the FP8 dot-product accumulator, bit for bit.
+
+Pure Python/NumPy (no amaranth, no hw/); ml_dtypes (``tests/test_fp.py``) cross-checks the
+casts where its rules and ours agree.
+
+Sources: seed 003 §3.1 (FP8 training: E4M3 with 1x128 activation tiles and 128x128 weight blocks;
+Hopper tensor cores align the products of a group to the largest exponent, keep the highest 13
+fraction bits and truncate the rest; promotion of partial sums into FP32 every 128 elements).
+
+Formats (``FORMATS``): ``fp8_e4m3`` (OCP E4M3FN: bias 7, max 448, no infinity, S.1111.111 is
+NaN), ``fp8_e5m2`` (bias 15, IEEE-style infinities and NaNs, max 57344), ``bf16`` and ``fp32``
+(IEEE). One rule for every cast to a format (:func:`encode`):
+
+* round to nearest, ties to even, at the format's precision, subnormals included (kept, never
+  flushed);
+* a finite value whose rounded magnitude exceeds the largest finite one saturates to it (FP8
+  training pipelines do this; ml_dtypes instead gives NaN for E4M3 and infinity for E5M2);
+* an infinite value stays infinite where the format has infinities and saturates where it has
+  none (E4M3);
+* NaN gives the format's canonical NaN (E4M3 0x7F, E5M2 0x7E, BF16 0x7FC0, FP32 0x7FC00000),
+  with the input's sign bit;
+* zero keeps its sign; a nonzero value that rounds to zero gets the sign of the value.
+
+Every value of these formats is exactly a Python float (binary64), so :func:`decode` returns
+floats; exact arithmetic is done on integers, a value being ``m * 2**x``.
+"""
+
+import dataclasses
+import math
+from fractions import Fraction
+
+__all__ = ["Format", "FORMATS", "decode", "encode", "components", "e8m0_decode",
+           "DotConfig", "dot", "exact_dot"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+    """A binary floating-point format: 1 sign bit, ``exp_bits``, ``man_bits``, ``bias``;
+    ``ieee``: the all-ones exponent holds infinities and NaNs (else only S.1..1.1..1 is NaN)."""
+    name: str
+    exp_bits: int
+    man_bits: int
+    bias: int
+    ieee: bool
+    canonical_nan: int
+
+    @property
+    def width(self):
+        return 1 + self.exp_bits + self.man_bits
+
+    @property
+    def emin(self):
+        """Exponent of the smallest normal value (also the subnormals' scale)."""
+        return 1 - self.bias
+
+    @property
+    def max_code(self):
+        """Code of the largest finite positive value."""
+        top = (1 << self.exp_bits) - 1
+        if self.ieee:
+            return ((top - 1) << self.man_bits) | ((1 << self.man_bits) - 1)
+        return (top << self.man_bits) | ((1 << self.man_bits) - 2)
+
+    @property
+    def max_finite(self):
+        return decode(self.max_code, self)
+
+
+FORMATS = {
+    "fp8_e4m3": Format("fp8_e4m3", 4, 3, 7, False, 0x7F),
+    "fp8_e5m2": Format("fp8_e5m2", 5, 2, 15, True, 0x7E),
+    "bf16": Format("bf16", 8, 7, 127, True, 0x7FC0),
+    "fp32": Format("fp32", 8, 23, 127, True, 0x7FC00000),
+}
+
+
+def _format(fmt):
+    return FORMATS[fmt] if isinstance(fmt, str) else fmt
+
+
+def components(code, fmt):
+    """``(kind, sign, m, x)`` of a code: kind "nan", "inf" or "num"; for numbers the value is
+    ``(-1)**sign * m * 2**x`` with m >= 0 an integer (hidden bit included; 0 for zero)."""
+    fmt = _format(fmt)
+    sign = (code >> (fmt.width - 1)) & 1
+    field = (code >> fmt.man_bits) & ((1 << fmt.exp_bits) - 1)
+    man = code & ((1 << fmt.man_bits) - 1)
+    top = (1 << fmt.exp_bits) - 1
+    if fmt.ieee and field == top:
+        return ("inf" if man == 0 else "nan"), sign, 0, 0
+    if not fmt.ieee and field == top and man == (1 << fmt.man_bits) - 1:
+        return "nan", sign, 0, 0
+    if field == 0:
+        return "num", sign, man, fmt.emin - fmt.man_bits
+    return "num", sign, man | (1 << fmt.man_bits), field - fmt.bias - fmt.man_bits
+
+
+def decode(code, fmt):
+    """The value of a code, as a float (exact)."""
+    kind, sign, m, x = components(code, fmt)
+    if kind == "nan":
+        return math.nan
+    value = math.inf if kind == "inf" else math.ldexp(m, x)
+    return -value if sign else value
+
+
+def _floor_log2(value):
+    """floor(log2(value)) of a positive Fraction."""
+    e = value.numerator.bit_length() - value.denominator.bit_length()
+    if Fraction(2) ** e > value:
+        e -= 1
+    elif Fraction(2) ** (e + 1) <= value:
+        e += 1
+    return e
+
+
+def _round_half_even(value):
+    floor = value.numerator // value.denominator
+    rest = value - floor
+    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and floor % 2):
+        return floor + 1
+    return floor
+
+
+def encode(value, fmt):
+    """The code of ``value`` (a float, int or Fraction) under the cast rule of the module."""
+    fmt = _format(fmt)
+    sign_bit = 1 << (fmt.width - 1)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return fmt.canonical_nan | (sign_bit if math.copysign(1, value) < 0 else 0)
+        negative = math.copysign(1, value) < 0
+        if math.isinf(value):
+            if fmt.ieee:
+                return (sign_bit if negative else 0) | (((1 << fmt.exp_bits) - 1)
+                                                        << fmt.man_bits)
+            return (sign_bit if negative else 0) | fmt.max_code
+        magnitude = Fraction(abs(value))
+    else:
+        magnitude = abs(Fraction(value))
+        negative = value < 0
+    sign = sign_bit if negative else 0
+    if magnitude == 0:
+        return sign
+    e = max(_floor_log2(magnitude), fmt.emin)
+    quantum = Fraction(2) ** (e - fmt.man_bits)
+    rounded = _round_half_even(magnitude / quantum) * quantum
+    if rounded == 0:
+        return sign
+    if rounded > Fraction(fmt.max_finite):
+        return sign | fmt.max_code
+    e = _floor_log2(rounded)
+    if e < fmt.emin:                                    # subnormal
+        return sign | int(rounded / Fraction(2) ** (fmt.emin - fmt.man_bits))
+    man = int(rounded / Fraction(2) ** (e - fmt.man_bits)) - (1 << fmt.man_bits)
+    return sign | ((e + fmt.bias) << fmt.man_bits) | man
+
+
+def e8m0_decode(code):
+    """An E8M0 scale: 2**(code - 127); code 255 is NaN."""
+    return math.nan if code == 255 else math.ldexp(1.0, code - 127)
+
+
+# --- the dot-product unit's accumulation (block ``fp_dot``, docs/numerics.md) ---
+
+ACC_EMIN, ACC_EMAX = -126, 127          # the accumulator's 8-bit exponent range
+
+
+@dataclasses.dataclass(frozen=True)
+class DotConfig:
+    """The accumulation of a dot-product unit.
+
+    ``group``: g products per step, aligned together with the accumulator; ``acc_frac``: the
+    accumulator's fraction bits (13: Hopper's FP22, 23: FP32-like); ``promote_every``: elements
+    after which the partial sum is scaled and added into the FP32 accumulator (0: only at the
+    end); ``scale_block``: elements per scale (1x128 activation tiles, 128x128 weight blocks).
+    """
+    group: int = 32
+    acc_frac: int = 13
+    promote_every: int = 128
+    scale_block: int = 128
+
+    def __post_init__(self):
+        if self.promote_every % self.group:
+            raise ValueError(f"promote_every {self.promote_every}: a multiple of group "
+                             f"({self.group}) or 0")
+        if self.promote_every and self.scale_block % self.promote_every:
+            raise ValueError(f"promote_every {self.promote_every}: a divisor of scale_block "
+                             f"({self.scale_block}), so a partial sum has one scale")
+
+
+class _Accumulator:
+    """The partial sum: ``m * 2**(e - F)``, |m| < 2**(F+1), normalized (|m| >= 2**F) unless at
+    the lowest exponent; truncation toward zero wherever bits are dropped."""
+
+    def __init__(self, frac):
+        self.frac, self.m, self.e = frac, 0, ACC_EMIN
+        self.overflow = False
+
+    def value(self):
+        return Fraction(self.m) * Fraction(2) ** (self.e - self.frac)
+
+    def add(self, products):
+        """One step: ``products`` are ``(m, x)`` exact values m * 2**x (m signed)."""
+        live = [(m, x) for m, x in products if m]
+        exponents = [x + abs(m).bit_length() - 1 for m, x in live]
+        if self.m:
+            exponents.append(self.e)
+        if not exponents:
+            return
+        top = max(max(exponents), ACC_EMIN)
+        unit = top - self.frac                          # weight of the lowest kept bit
+
+        def aligned(m, x):
+            shift = x - unit
+            magnitude = abs(m) << shift if shift >= 0 else abs(m) >> -shift
+            return -magnitude if m < 0 else magnitude
+
+        total = aligned(self.m, self.e - self.frac) + sum(aligned(m, x) for m, x in live)
+        if total == 0:
+            self.m, self.e = 0, ACC_EMIN
+            return
+        shift = abs(total).bit_length() - 1 - self.frac  # > 0: carry bits to drop
+        exponent = top + shift
+        if exponent < ACC_EMIN:
+            shift, exponent = ACC_EMIN - top, ACC_EMIN
+        magnitude = abs(total) >> shift if shift >= 0 else abs(total) << -shift
+        if exponent > ACC_EMAX:
+            magnitude, exponent, self.overflow = (1 << (self.frac + 1)) - 1, ACC_EMAX, True
+        self.m, self.e = (-magnitude if total < 0 else magnitude), exponent
+
+
+def _product(a, b, fmt_a, fmt_b):
+    ka, sa, ma, xa = components(a, fmt_a)
+    kb, sb, mb, xb = components(b, fmt_b)
+    kind = "nan" if "nan" in (ka, kb) else "inf" if "inf" in (ka, kb) else "num"
+    if kind == "inf" and ((ka == "num" and ma == 0) or (kb == "num" and mb == 0)):
+        kind = "nan"                                    # inf * 0
+    m = ma * mb
+    return kind, sa ^ sb, (-m if sa ^ sb else m), xa + xb
+
+
+def dot(a, b, fmt_a, fmt_b, config=DotConfig(), scale_a=None, scale_b=None):
+    """The dot product of codes ``a`` and ``b`` as the unit computes it: an FP32 code.
+
+    Steps of ``group`` products (a short last step is padded with zeros) go into the
+    partial-sum accumulator; every ``promote_every`` elements and at the end the partial sum,
+    times its scales, is added into the FP32 accumulator, rounded once (to nearest even,
+    saturating) and the partial sum restarts from zero. ``scale_a``/``scale_b``: one float per
+    ``scale_block`` elements (default all 1; with ``promote_every`` 0 they must be uniform).
+    NaN operands, infinity times zero and infinities of both signs give NaN; otherwise an
+    infinite product gives that infinity.
+    """
+    count = len(a)
+    blocks = -(-count // config.scale_block)
+    scale_a = [1.0] * blocks if scale_a is None else list(scale_a)
+    scale_b = [1.0] * blocks if scale_b is None else list(scale_b)
+    products = [_product(x, y, fmt_a, fmt_b) for x, y in zip(a, b)]
+    kinds = {kind for kind, *_ in products}
+    scales = scale_a + scale_b
+    if "nan" in kinds or any(math.isnan(s) for s in scales):
+        return FORMATS["fp32"].canonical_nan
+    infinite = {sign for kind, sign, _, _ in products if kind == "inf"}
+    if len(infinite) == 2:
+        return FORMATS["fp32"].canonical_nan
+    if infinite:
+        return encode(-math.inf if infinite.pop() else math.inf, "fp32")
+    if not config.promote_every and (len(set(scale_a)) > 1 or len(set(scale_b)) > 1):
+        raise ValueError("scales that change along K need promote_every > 0")
+    span = config.promote_every or count or 1
+    total = Fraction(0)
+    for start in range(0, max(count, 1), span):
+        partial = _Accumulator(config.acc_frac)
+        chunk = products[start:start + span]
+        for step in range(0, len(chunk), config.group):
+            partial.add([(m, x) for _, _, m, x in chunk[step:step + config.group]])
+        block = start // config.scale_block
+        scaled = partial.value() * Fraction(scale_a[block]) * Fraction(scale_b[block])
+        total = Fraction(decode(encode(total + scaled, "fp32"), "fp32"))
+    return encode(total, "fp32")
+
+
+def exact_dot(a, b, fmt_a, fmt_b):
+    """The exact sum of the exact products (a Fraction), the reference of the error tables."""
+    return sum((Fraction(decode(x, fmt_a)) * Fraction(decode(y, fmt_b))
+                for x, y in zip(a, b)), Fraction(0))

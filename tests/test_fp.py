@@ -1,0 +1,166 @@
+"""golden.fp: the formats against ml_dtypes, the cast rule's own cases, and the accumulator."""
+
+import math
+import random
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from golden import fp
+
+ML = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2,
+      "bf16": ml_dtypes.bfloat16}
+CODE_TYPES = {8: np.uint8, 16: np.uint16}
+
+
+def _same(x, y):
+    return (math.isnan(x) and math.isnan(y)) or (x == y and math.copysign(1, x) ==
+                                                 math.copysign(1, y))
+
+
+@pytest.mark.parametrize("name", sorted(ML))
+def test_every_code_decodes_as_ml_dtypes_does(name):
+    fmt = fp.FORMATS[name]
+    codes = np.arange(1 << fmt.width, dtype=CODE_TYPES[fmt.width])
+    with np.errstate(invalid="ignore"):                   # NaN codes cast to NaN
+        theirs = codes.view(ML[name]).astype(np.float64)
+    for code, value in zip(codes.tolist(), theirs.tolist()):
+        assert _same(fp.decode(code, name), value), hex(code)
+
+
+@pytest.mark.parametrize("name", sorted(fp.FORMATS))
+def test_every_value_encodes_back_to_its_code(name):
+    fmt = fp.FORMATS[name]
+    codes = range(1 << fmt.width) if fmt.width <= 16 else \
+        random.Random(1).sample(range(1 << 32), 20000)
+    for code in codes:
+        value = fp.decode(code, name)
+        if not math.isnan(value):
+            assert fp.encode(value, name) == code, hex(code)
+
+
+@pytest.mark.parametrize("name", sorted(ML))
+def test_casts_round_to_nearest_even_like_ml_dtypes_within_range(name):
+    fmt = fp.FORMATS[name]
+    rng = np.random.default_rng(3)
+    # float32 inputs over the format's whole range, subnormals included (no double rounding).
+    exponents = rng.uniform(fmt.emin - fmt.man_bits - 2, math.log2(fmt.max_finite), 20000)
+    values = (rng.choice([-1, 1], 20000) * np.exp2(exponents)).astype(np.float32)
+    values = values[np.abs(values) <= fmt.max_finite]
+    theirs = values.astype(ML[name]).view(CODE_TYPES[fmt.width]).tolist()
+    for value, code in zip(values.tolist(), theirs):
+        assert fp.encode(float(value), name) == code, (value, hex(code))
+
+
+def test_overflow_saturates_and_infinity_follows_the_format():
+    e4, e5 = "fp8_e4m3", "fp8_e5m2"
+    assert fp.FORMATS[e4].max_finite == 448 and fp.FORMATS[e5].max_finite == 57344
+    for value in (449.0, 500.0, 1e9, math.inf):
+        assert fp.encode(value, e4) == 0x7E and fp.encode(-value, e4) == 0xFE
+    for value in (61440.0, 1e9):                           # ml_dtypes: infinity
+        assert fp.encode(value, e5) == 0x7B
+    assert fp.encode(math.inf, e5) == 0x7C and fp.encode(-math.inf, "bf16") == 0xFF80
+    assert fp.encode(1e39, "fp32") == 0x7F7FFFFF
+
+
+def test_nan_zero_and_subnormals():
+    assert fp.encode(math.nan, "fp8_e4m3") == 0x7F and fp.encode(-math.nan, "fp8_e4m3") == 0xFF
+    assert fp.encode(math.nan, "fp8_e5m2") == 0x7E and fp.encode(math.nan, "bf16") == 0x7FC0
+    assert fp.encode(-0.0, "fp8_e4m3") == 0x80 and fp.encode(0.0, "fp8_e4m3") == 0
+    tiny = 2.0 ** -9                                       # E4M3's smallest subnormal
+    assert fp.encode(tiny, "fp8_e4m3") == 1
+    assert fp.encode(tiny / 2, "fp8_e4m3") == 0            # a tie: to even (zero)
+    assert fp.encode(-tiny / 2, "fp8_e4m3") == 0x80        # and keeps its sign
+    assert fp.encode(tiny * 1.5, "fp8_e4m3") == 2          # a tie: to even (2)
+    assert fp.encode(Fraction(3, 2 ** 10), "fp8_e4m3") == 2
+    assert fp.decode(0x07, "fp8_e4m3") == 7 * tiny         # largest subnormal
+    assert fp.decode(0x08, "fp8_e4m3") == 2.0 ** -6        # smallest normal
+
+
+def _codes(values, name):
+    return [fp.encode(float(v), name) for v in values]
+
+
+def test_a_wide_accumulator_is_exact_before_the_final_rounding():
+    rng = np.random.default_rng(4)
+    wide = fp.DotConfig(group=3, acc_frac=60, promote_every=0)
+    for _ in range(20):
+        a, b = (_codes(rng.normal(0, 4, 50), "fp8_e4m3") for _ in range(2))
+        assert fp.dot(a, b, "fp8_e4m3", "fp8_e4m3", wide) == \
+            fp.encode(fp.exact_dot(a, b, "fp8_e4m3", "fp8_e4m3"), "fp32")
+
+
+def test_thirteen_fraction_bits_lose_small_products_after_a_large_one_and_promotion_helps():
+    # 256 * 256 then 4095 products of 1: the 13-bit accumulator at exponent 16 keeps units of 8.
+    count = 4096
+    a = _codes([256.0] + [1.0] * (count - 1), "fp8_e4m3")
+    exact = 65536 + count - 1
+
+    def result(config):
+        return fp.decode(fp.dot(a, a, "fp8_e4m3", "fp8_e4m3", config), "fp32")
+
+    assert result(fp.DotConfig(acc_frac=13, promote_every=0)) == 65536
+    promoted = result(fp.DotConfig(acc_frac=13, promote_every=128))
+    assert promoted == 65536 + (count - 128)               # only the first chunk loses its 1s
+    assert result(fp.DotConfig(acc_frac=23, promote_every=0)) == exact
+
+
+def test_truncation_is_toward_zero_for_either_sign():
+    acc = fp.DotConfig(group=2, acc_frac=2, promote_every=0)
+    one, seven_eighths = fp.encode(1.0, "fp8_e4m3"), fp.encode(0.875, "fp8_e4m3")
+    # 1 + 0.875 with 2 fraction bits at exponent 0: 0.875 -> 0.75; the sum 1.75 is kept.
+    assert fp.decode(fp.dot([one, one], [one, seven_eighths], "fp8_e4m3", "fp8_e4m3", acc),
+                     "fp32") == 1.75
+    minus_one = fp.encode(-1.0, "fp8_e4m3")
+    assert fp.decode(fp.dot([minus_one, minus_one], [one, seven_eighths], "fp8_e4m3",
+                            "fp8_e4m3", acc), "fp32") == -1.75
+
+
+def test_special_operands():
+    e5 = "fp8_e5m2"
+    inf, zero, one, nan = 0x7C, 0x00, fp.encode(1.0, e5), 0x7E
+    fp32_nan = fp.FORMATS["fp32"].canonical_nan
+    assert fp.dot([inf, one], [one, one], e5, e5) == 0x7F800000
+    assert fp.dot([inf, inf ^ 0x80], [one, one], e5, e5) == fp32_nan
+    assert fp.dot([inf], [zero], e5, e5) == fp32_nan
+    assert fp.dot([nan, one], [one, one], e5, e5) == fp32_nan
+
+
+def test_scales_apply_per_block_and_e8m0_is_a_power_of_two():
+    config = fp.DotConfig(group=4, acc_frac=23, promote_every=8, scale_block=8)
+    a = _codes([1.0] * 16, "fp8_e4m3")
+    assert fp.decode(fp.dot(a, a, "fp8_e4m3", "fp8_e4m3", config, [2.0, 0.5], [1.0, 4.0]),
+                     "fp32") == 8 * 2 + 8 * 2
+    assert fp.e8m0_decode(127) == 1.0 and fp.e8m0_decode(130) == 8.0
+    assert math.isnan(fp.e8m0_decode(255))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"group": 32, "promote_every": 100}, "a multiple of group"),
+    ({"group": 32, "promote_every": 96}, "a divisor of scale_block"),
+])
+def test_promotion_must_fit_the_groups_and_the_scale_blocks(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        fp.DotConfig(**kwargs)
+
+
+def test_numerics_table_shows_truncation_growing_with_k_and_promotion_bounding_it(tmp_path):
+    from flows import numerics
+    rows = numerics.error_table(trials=3, seed=2, lengths=(128, 4096))
+    by = {(row["K"], row["inputs"]): row for row in rows}
+    plain, promoted, wide = numerics.MODES
+    crafted_long = by[(4096, "crafted")]
+    assert crafted_long[plain]["max"] == (4096 - 1) / (65536 + 4096 - 1)      # every 1 lost
+    assert crafted_long[promoted]["max"] == 127 / (65536 + 4096 - 1)          # one chunk's
+    assert crafted_long[wide]["max"] == 0
+    assert by[(4096, "random")][plain]["max"] > by[(128, "random")][plain]["max"]
+    assert by[(4096, "random")][promoted]["max"] < by[(4096, "random")][plain]["max"]
+    assert numerics.plot(rows, tmp_path / "p.png").stat().st_size > 0
+
+
+def test_numerics_cli_rejects_a_bad_trial_count(capsys):
+    from flows.cli import main
+    assert main(["numerics", "--trials", "0"]) == 2
+    assert "option '--trials': got 0" in capsys.readouterr().err
