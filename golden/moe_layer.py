@@ -47,6 +47,7 @@ from golden.fixed import wrap
 
 __all__ = ["MoELayer", "score_codes", "gate_weights", "dispatch_flits", "parse_header",
            "chiplet_return", "layer", "mac_bound", "expert_macs", "header_flits",
+           "chiplet_stream_returns",
            "gate_latency", "ChipletShape", "weight_beats", "chiplet_figures",
            "chiplet_batch_edges", "community_workload", "placements"]
 
@@ -382,8 +383,49 @@ def chiplet_batch_edges(slot_tokens, shape, tokens):
         last_pair = ends[-1]
         last_result = last_pair + result_lag
     emitting = max(max(edge_plan_done, last_pair) + 1, last_result) + 1
-    return {"first_return": emitting + 1,
+    return {"first_return": emitting + 1, "done": emitting,
             "compute_edges": (last_result - first_pair + 1) if first_pair is not None else 0}
+
+
+def chiplet_stream_returns(batches, shape, banks, flits, arrivals):
+    """First-return edges of consecutive batches through a chiplet with ``banks`` token banks,
+    every port ready.
+
+    Parameters
+    ----------
+    batches : list of (slot_tokens, tokens)
+        Each batch's tokens per expert slot and its token count, in order.
+    shape : ChipletShape
+    banks : int
+        ``token_banks``.
+    flits : int
+        H + X, flits of a packet and of a return.
+    arrivals : list of int
+        Per batch, the edge at which the collector could take its final flit were it never
+        held back (the edge ``down`` takes it, plus one through the input queue).
+
+    The collector takes a flit per edge into the next free bank; a batch closes at
+    c_b = max(arrivals_b, c_(b-1) + n_b*flits, f_(b-banks) + n_b*flits), where f is the edge
+    the emitter takes a batch's last return flit (a bank is free from the next edge). The
+    planner starts it at s_b = max(c_b, d_(b-1)) and is done at d_b = s_b + ``done`` of
+    :func:`chiplet_batch_edges`; the emitter starts it at e_b = max(d_b, f_(b-1)): its
+    returns are taken at e_b + 1 .. f_b = e_b + n_b*flits.
+    """
+    closes, dones, ends, firsts = [], [], [], []
+    for b, (slot_tokens, tokens) in enumerate(batches):
+        close = arrivals[b]
+        if b:
+            close = max(close, closes[-1] + tokens * flits)
+        if b >= banks:
+            close = max(close, ends[b - banks] + tokens * flits)
+        start = max(close, dones[-1]) if dones else close
+        done = start + chiplet_batch_edges(slot_tokens, shape, tokens)["done"]
+        emit = max(done, ends[-1]) if ends else done
+        closes.append(close)
+        dones.append(done)
+        ends.append(emit + tokens * flits)
+        firsts.append(emit + 1)
+    return firsts
 
 
 def _phase_end(ends, planned, phases, index, shape, rows, result_lag, last_gu_pair):

@@ -361,6 +361,9 @@ class ExpertChipletConfig(PacketShape):
         Idle cycles after which a partial batch is computed (1..255).
     queue_tokens : int
         Dispatch packets the input queue holds while a batch is computed (0..32; 0: none).
+    token_banks : int
+        Banks of ``batch`` token slots (1..3), used in turn: while one bank's batch is
+        computed, the next bank collects and a finished one returns its tokens.
     """
     experts: int = _like(MoEGateConfig, "experts")
     k: int = _like(MoEGateConfig, "k")
@@ -386,6 +389,7 @@ class ExpertChipletConfig(PacketShape):
     batch: int = int_param(8, 1, 32, "tokens per batch")
     batch_wait: int = int_param(16, 1, 255, "idle cycles that close a partial batch")
     queue_tokens: int = int_param(8, 0, 32, "packets the input queue holds (0: none)")
+    token_banks: int = int_param(2, 1, 3, "banks of token slots: collect, compute, return")
 
     def __post_init__(self):
         validate(self)
@@ -503,6 +507,13 @@ class ExpertChiplet(TieredComponent):
         error = Signal()
         m.d.comb += self.error.eq(error)
 
+        def select_rows(index, banks):
+            """``banks[index]`` element by element, for equally nested lists of values."""
+            if isinstance(banks[0], list):
+                return [select_rows(index, [bank[i] for bank in banks])
+                        for i in range(len(banks[0]))]
+            return select(index, banks)
+
         tile = m.submodules.tile = SystolicTile(SystolicTileConfig(
             rows=R, cols=C, arrays=n, in_width=cfg.tile_width, acc_width=cfg.acc_width))
         pmu_cfg = cfg.pmu_config()
@@ -527,10 +538,24 @@ class ExpertChiplet(TieredComponent):
                      lut_write.data.eq(self.act_lut.payload.value)]
 
         # --- state ---
+        # Token banks, used in turn (ring pointers): the collector fills bank `c_bank`, the
+        # planner computes bank `r_bank`, the emitter returns bank `e_bank`. A bank is FREE
+        # (collectable), CLOSED (a batch to compute) or COMPUTED (a batch to return).
+        NB = cfg.token_banks
+        FREE, CLOSED, COMPUTED = 0, 1, 2
+        bank_state = [Signal(2, name=f"bank_state_{b}") for b in range(NB)]
+        c_bank, r_bank, e_bank = (Signal(range(NB), name=n) for n in ("c_bank", "r_bank",
+                                                                      "e_bank"))
+
+        def next_bank(bank):
+            return Mux(bank == NB - 1, 0, bank + 1)
+
         collecting, running, draining, emitting = (Signal(name=s) for s in (
             "collecting", "running", "draining", "emitting"))
-        m.d.comb += collecting.eq(~running & ~draining & ~emitting)
-        count = Signal(range(T + 1))                   # tokens held
+        m.d.comb += collecting.eq(select(c_bank, [st == FREE for st in bank_state]))
+        bank_count = [Signal(range(T + 1), name=f"count_{b}") for b in range(NB)]
+        count = Signal(range(T + 1))                   # tokens held in the collecting bank
+        m.d.comb += count.eq(select(c_bank, bank_count))
         in_packet = Signal()
         flit = Signal(range(H + X + 1))
         idle = Signal(range(cfg.batch_wait + 1))
@@ -544,25 +569,28 @@ class ExpertChiplet(TieredComponent):
         # Per token of the batch: id, x, chosen slots and their gates, the gate-weighted sums.
         product_bits = cfg.acc_width + cfg.gate_width + 1
         sum_bits = product_bits + ceil_log2(min(cfg.k, S) + 1)
-        tok_id = [Signal(cfg.token_width, name=f"token_{t}", reset_less=True) for t in range(T)]
+        # Token t of bank b is slot b*T + t.
+        TT = NB * T
+        tok_id = [Signal(cfg.token_width, name=f"token_{t}", reset_less=True) for t in range(TT)]
         x = [[Signal(signed(iw), name=f"x_{t}_{d}", reset_less=True) for d in range(D)]
-             for t in range(T)]
+             for t in range(TT)]
         gates = [[Signal(cfg.gate_width, name=f"gate_{t}_{s}", reset_less=True)
-                  for s in range(S)] for t in range(T)]
+                  for s in range(S)] for t in range(TT)]
         sums = [[Signal(signed(sum_bits), name=f"sum_{t}_{d}", reset_less=True)
-                 for d in range(D)] for t in range(T)]
-        chosen = [Signal(S, name=f"chosen_{t}", reset_less=True) for t in range(T)]
-        # Per slot: the batch indices of its tokens, in arrival order.
-        members = [[Signal(range(T), name=f"member_{s}_{p}", reset_less=True)
-                    for p in range(T)] for s in range(S)]
-        members_len = [Signal(range(T + 1), name=f"members_len_{s}") for s in range(S)]
+                 for d in range(D)] for t in range(TT)]
+        chosen = [Signal(S, name=f"chosen_{t}", reset_less=True) for t in range(TT)]
+        # Per bank and expert slot: the token slots that chose it, in arrival order.
+        members = [[[Signal(range(TT), name=f"member_{b}_{s}_{p}", reset_less=True)
+                     for p in range(T)] for s in range(S)] for b in range(NB)]
+        members_len = [[Signal(range(T + 1), name=f"members_len_{b}_{s}") for s in range(S)]
+                       for b in range(NB)]
 
         # --- weight loads (only while no token is held) ---
         loading, discarding = Signal(), Signal()
         load_slot = Signal(range(S))
         load_beat = Signal(range(shape.expert_beats))
         beats_end = load_beat == shape.expert_beats - 1
-        can_load = collecting & (count == 0) & ~in_packet
+        can_load = Cat(*[st == FREE for st in bank_state]).all() & (count == 0) & ~in_packet
         wload = self.weights
         slot_ok = wload.payload.slot < S
         m.d.comb += [pmu.wjob.valid.eq(wload.valid & can_load & ~loading & ~discarding & slot_ok),
@@ -607,8 +635,8 @@ class ExpertChiplet(TieredComponent):
         # A load offered while no token is held goes first.
         m.d.comb += down.ready.eq(collecting & ~loading & ~discarding & ~(can_load & wload.valid))
         taken = down.valid & down.ready
-        slot_index = Signal(range(T))
-        m.d.comb += slot_index.eq(count)
+        slot_index = Signal(range(TT))
+        m.d.comb += slot_index.eq(c_bank * T + count)
         first = flit == 0
         # Slots this flit's header entries choose (or-ed into the token's earlier choices).
         hits = Signal(S)
@@ -631,7 +659,7 @@ class ExpertChiplet(TieredComponent):
                          idle.eq(0)]
             with m.If(down.payload.last != (flit == H + X - 1)):
                 m.d.sync += error.eq(1)
-            for t in range(T):
+            for t in range(TT):
                 with m.If(slot_index == t):
                     with m.If(first):
                         m.d.sync += [tok_id[t].eq(down.payload.token),
@@ -646,20 +674,37 @@ class ExpertChiplet(TieredComponent):
                                 if b * L + lane < D:
                                     m.d.sync += x[t][b * L + lane].eq(
                                         down.payload.data[lane][:iw])
+        close = Signal()                               # the collecting bank's batch closes
         with m.If(packet_end):
-            m.d.sync += [flit.eq(0), in_packet.eq(0), count.eq(count + 1)]
-            for s in range(S):
-                with m.If(current_chosen[s]):
-                    m.d.sync += members_len[s].eq(members_len[s] + 1)
-                    for p in range(T):
-                        with m.If(members_len[s] == p):
-                            m.d.sync += members[s][p].eq(slot_index)
-            with m.If(count + 1 == T):
-                m.d.sync += running.eq(1)
+            m.d.sync += [flit.eq(0), in_packet.eq(0)]
+            for b in range(NB):
+                with m.If(c_bank == b):
+                    m.d.sync += bank_count[b].eq(count + 1)
+                    for s in range(S):
+                        with m.If(current_chosen[s]):
+                            m.d.sync += members_len[b][s].eq(members_len[b][s] + 1)
+                            for p in range(T):
+                                with m.If(members_len[b][s] == p):
+                                    m.d.sync += members[b][s][p].eq(slot_index)
+            m.d.comb += close.eq(count + 1 == T)
         with m.Elif(collecting & (count != 0) & ~in_packet & ~taken):
             m.d.sync += idle.eq(idle + 1)
             with m.If(idle == cfg.batch_wait - 1):
-                m.d.sync += [running.eq(1), idle.eq(0)]
+                m.d.comb += close.eq(1)
+                m.d.sync += idle.eq(0)
+        with m.If(close):
+            m.d.sync += c_bank.eq(next_bank(c_bank))
+            for b in range(NB):
+                with m.If(c_bank == b):
+                    m.d.sync += bank_state[b].eq(CLOSED)
+        # The planner takes the next closed bank as soon as it is free (the edge it finishes
+        # draining included): a bank closing at this edge when none waits before it.
+        drain_end = Signal()
+        run_free = (~running & ~draining) | drain_end
+        r_next = Mux(drain_end, next_bank(r_bank), r_bank)  # (the one draining is done)
+        r_closed = select(r_next, [st == CLOSED for st in bank_state]) & \
+            ~(drain_end & (r_next == r_bank))
+        start_run = run_free & (r_closed | (close & (c_bank == r_next)))
 
         # --- run: a planner lists the tile phases, an executor feeds them to the tile ---
         # Groups of up to R tokens of one slot, slot by slot. A group has a "gu" phase (F/C
@@ -671,7 +716,7 @@ class ExpertChiplet(TieredComponent):
         phase_layout = data.StructLayout({
             "down": 1, "parity": 1, "rows": range(R + 1),
             "base": range(S * shape.expert_beats * V + 1),
-            "token": data.ArrayLayout(range(T), R),
+            "token": data.ArrayLayout(range(TT), R),
             "gate": data.ArrayLayout(cfg.gate_width, R)})
         plan = m.submodules.plan = SyncFIFO(width=phase_layout.size, depth=PLAN_DEPTH)
         jobs = m.submodules.jobs = SyncFIFO(width=phase_layout.size, depth=PLAN_DEPTH)
@@ -685,17 +730,18 @@ class ExpertChiplet(TieredComponent):
         fresh = Signal(phase_layout)                   # the group whose gu was just planned
         want_down = Signal()                           # plan held's down now, then hold fresh
         found = Signal(phase_layout)
-        slot_len = select(slot, members_len)
+        slot_len = select(slot, select_rows(r_bank, members_len))
         remaining = slot_len - group
         m.d.comb += [found.down.eq(0), found.parity.eq(parity),
                      found.rows.eq(Mux(remaining > R, R, remaining)),
                      found.base.eq(slot * (shape.expert_beats * V))]
+        run_members = select_rows(r_bank, members)      # [slot][position] of the run bank
         for i in range(R):
-            member = select(group + i, [select(slot, [members[s][p] for s in range(S)])
+            member = select(group + i, [select(slot, [run_members[s][p] for s in range(S)])
                                         for p in range(T)])
             m.d.comb += [found.token[i].eq(member),
                          found.gate[i].eq(select(slot, [select(member, [gates[t][s]
-                                                                       for t in range(T)])
+                                                                       for t in range(TT)])
                                                         for s in range(S)]))]
         push = Signal()
         pushed = Signal(phase_layout)
@@ -741,7 +787,7 @@ class ExpertChiplet(TieredComponent):
         tree = ceil_log2(n)
         desc_layout = data.StructLayout({
             "kind": 2, "chunk": range(max(cF, cD)), "parity": 1, "rows": range(R + 1),
-            "token": data.ArrayLayout(range(T), R),
+            "token": data.ArrayLayout(range(TT), R),
             "gate": data.ArrayLayout(cfg.gate_width, R)})
         descs = m.submodules.descriptors = SyncFIFO(width=desc_layout.size,
                                                     depth=C + R + tree + 4)
@@ -772,7 +818,7 @@ class ExpertChiplet(TieredComponent):
                      for v in range(V)]
         for i in range(R):
             row_ok = i < phase.rows
-            x_row = [select(phase.token[i], [x[t][d] for t in range(T)]) for d in range(D)]
+            x_row = [select(phase.token[i], [x[t][d] for t in range(TT)]) for d in range(D)]
             for sl in range(n):
                 x_lane = select(beat, [x_row[sl * Ks + kk] if sl * Ks + kk < D else Const(0)
                                        for kk in range(Ks)])
@@ -838,7 +884,7 @@ class ExpertChiplet(TieredComponent):
             row_gate = select(result_row, list(head.gate))
             weighted = Signal(signed(product_bits), name=f"weighted_{j}")
             m.d.comb += weighted.eq(value * Cat(row_gate, Const(0, 1)).as_signed())
-            for t in range(T):
+            for t in range(TT):
                 for cc in range(cD):
                     d = cc * C + j
                     if d < D:
@@ -849,19 +895,35 @@ class ExpertChiplet(TieredComponent):
         # --- drain, then emit one return packet per token, in arrival order ---
         with m.If(running & planned_all & ~plan.r_rdy):
             m.d.sync += [running.eq(0), draining.eq(1), planned_all.eq(0)]
-        with m.If(draining & (in_flight == 0)):
-            m.d.sync += [draining.eq(0), emitting.eq(1)]
+        m.d.comb += drain_end.eq(draining & (in_flight == 0))
+        with m.If(drain_end):
+            m.d.sync += [draining.eq(0), r_bank.eq(next_bank(r_bank))]
+            for b in range(NB):
+                with m.If(r_bank == b):
+                    m.d.sync += bank_state[b].eq(COMPUTED)
+        with m.If(start_run):                           # (after drain_end: it may restart)
+            m.d.sync += running.eq(1)
+        # The emitter takes the next computed bank as soon as it is free (its last flit's
+        # edge included): a bank computed at this edge when none waits before it.
         out = self.up
         emit_token = Signal(range(T))
         emit_flit = Signal(range(H + X))
         out_last = emit_flit == H + X - 1
-        m.d.comb += [out.valid.eq(emitting), out.payload.last.eq(out_last),
-                     out.payload.token.eq(select(emit_token, tok_id))]
+        emit_end = Signal()
+        e_count = select(e_bank, bank_count)
+        e_next = Mux(emit_end, next_bank(e_bank), e_bank)  # (the one emitting is done)
+        e_computed = select(e_next, [st == COMPUTED for st in bank_state]) & \
+            ~(emit_end & (e_next == e_bank))
+        start_emit = (~emitting | emit_end) & (e_computed | (drain_end & (r_bank == e_next)))
+        emit_slot = Signal(range(TT))
+        m.d.comb += [emit_slot.eq(e_bank * T + emit_token),
+                     out.valid.eq(emitting), out.payload.last.eq(out_last),
+                     out.payload.token.eq(select(emit_slot, tok_id))]
         for lane in range(L):
             candidates = []
             for b in range(X):
                 d = b * L + lane
-                candidates.append(select(emit_token, [sums[t][d] for t in range(T)])
+                candidates.append(select(emit_slot, [sums[t][d] for t in range(TT)])
                                   if d < D else Const(0))
             chosen_sum = Signal(signed(sum_bits), name=f"emit_sum_{lane}")
             m.d.comb += chosen_sum.eq(select(emit_flit - H, candidates))
@@ -871,9 +933,15 @@ class ExpertChiplet(TieredComponent):
             m.d.sync += emit_flit.eq(emit_flit + 1)
             with m.If(out_last):
                 m.d.sync += [emit_flit.eq(0), emit_token.eq(emit_token + 1)]
-                with m.If(emit_token == count - 1):
-                    m.d.sync += [emitting.eq(0), emit_token.eq(0), count.eq(0),
-                                 *[v.eq(0) for v in members_len]]
+                with m.If(emit_token == e_count - 1):
+                    m.d.comb += emit_end.eq(1)
+                    m.d.sync += [emitting.eq(0), emit_token.eq(0), e_bank.eq(next_bank(e_bank))]
+                    for b in range(NB):
+                        with m.If(e_bank == b):
+                            m.d.sync += [bank_state[b].eq(FREE), bank_count[b].eq(0),
+                                         *[v.eq(0) for v in members_len[b]]]
+        with m.If(start_emit):
+            m.d.sync += emitting.eq(1)
         return m
 
 
@@ -904,7 +972,8 @@ class MoELayerConfig(PacketShape):
     ``score_acc_width`` (its ``acc_width``). Tree (``nop_tree``): fanouts, max_inflight (its
     ``acc_width`` is ``combine_width``, its ``max_flits`` one packet). Chiplets
     (``expert_chiplet``, one per leaf): slots, d_ff, acc_width, shift_g, shift_u, shift_h,
-    gate_shift, combine_width, rows, cols, arrays, batch, batch_wait, queue_tokens.
+    gate_shift, combine_width, rows, cols, arrays, batch, batch_wait, queue_tokens,
+    token_banks.
     """
     experts: int = _like(MoEGateConfig, "experts")
     k: int = _like(MoEGateConfig, "k")
@@ -941,6 +1010,7 @@ class MoELayerConfig(PacketShape):
     batch: int = _like(ExpertChipletConfig, "batch")
     batch_wait: int = _like(ExpertChipletConfig, "batch_wait")
     queue_tokens: int = _like(ExpertChipletConfig, "queue_tokens")
+    token_banks: int = _like(ExpertChipletConfig, "token_banks")
 
     def __post_init__(self):
         validate(self)
@@ -986,7 +1056,7 @@ class MoELayerConfig(PacketShape):
             acc_width=self.acc_width, shift_g=self.shift_g, shift_u=self.shift_u,
             shift_h=self.shift_h, gate_shift=self.gate_shift, rows=self.rows, cols=self.cols,
             arrays=self.arrays, batch=self.batch, batch_wait=self.batch_wait,
-            queue_tokens=self.queue_tokens)
+            queue_tokens=self.queue_tokens, token_banks=self.token_banks)
 
 
 def layer_weights_layout(config):

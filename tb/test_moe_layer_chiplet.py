@@ -172,10 +172,10 @@ def _budget(bench, tokens, gap=0.0, stall=0.0):
 @cocotb.test()
 async def test_batch_cycles_no_stalls(dut):
     """Every port ready: two full batches and a partial one, random routing; exact returns,
-    each batch's first return ``golden.moe_layer.chiplet_batch_edges`` edges after the
-    collector takes its final flit (one edge after ``down`` takes it, through the queue; the
-    second batch, queued or held back by ``down``, back to back after the first one's
-    returns), and its returns back to back."""
+    each batch's first return at the edge of ``golden.moe_layer.chiplet_stream_returns``
+    (``chiplet_batch_edges`` after the planner takes it; with one token bank the second batch
+    is collected after the first one's returns, with more while the first one computes), and
+    its returns back to back."""
     bench = await _setup(dut, "values")
     cfg = bench.cfg
     tokens = 2 * cfg.batch + 1
@@ -186,18 +186,19 @@ async def test_batch_cycles_no_stalls(dut):
     flits = cfg.header_flits + cfg.x_flits
     sent = bench.sources["down"].sent_edges
     returned = [edge for edge, _ in bench.up.received]
+    batches, arrivals = [], []
     for b in range(2):
         batch = range(b * cfg.batch, (b + 1) * cfg.batch)
-        slot_tokens = [sum(slot in bench.token_slots[t] for t in batch)
-                       for slot in range(cfg.slots)]
-        model = golden.chiplet_batch_edges(slot_tokens, bench.shape, cfg.batch)
-        if b == 0:      # the final flit reaches the collector through the queue (1 edge)
-            final_in = sent[cfg.batch * flits - 1] + (1 if cfg.queue_tokens else 0)
-        else:           # the collector takes the next batch back to back after the returns
-            final_in = returned[b * cfg.batch * flits - 1] + cfg.batch * flits
+        batches.append(([sum(slot in bench.token_slots[t] for t in batch)
+                          for slot in range(cfg.slots)], cfg.batch))
+        # the final flit reaches the collector through the queue (1 edge)
+        arrivals.append(sent[(b + 1) * cfg.batch * flits - 1] + (1 if cfg.queue_tokens else 0))
+    expected = golden.chiplet_stream_returns(batches, bench.shape, cfg.token_banks, flits,
+                                             arrivals)
+    for b in range(2):
         out = returned[b * cfg.batch * flits:(b + 1) * cfg.batch * flits]
-        assert out[0] - final_in == model["first_return"], \
-            f"batch {b}: slots {slot_tokens}: {out[0] - final_in} != {model['first_return']}"
+        assert out[0] == expected[b], f"batch {b}: slots {batches[b][0]}: first return at " \
+            f"{out[0]}, expected {expected[b]} ({cfg.token_banks} token banks)"
         assert out == list(range(out[0], out[0] + len(out))), "a bubble between returns"
 
 

@@ -192,6 +192,23 @@ def test_weight_beats_put_each_weight_where_the_tile_reads_it():
                 assert total == sum(w * v for w, v in zip(wd[c * 2 + j], h))
 
 
+def test_token_banks_overlap_collecting_computing_and_returning():
+    shape = golden.ChipletShape(d_model=8, d_ff=8, rows=4, cols=4, arrays=2)
+    batches = [([4, 4], 8)] * 3
+    done = golden.chiplet_batch_edges([4, 4], shape, 8)["done"]
+    flits = 3
+    arrivals = [24, 48, 72]                      # packets back to back, one flit per edge
+    one = golden.chiplet_stream_returns(batches, shape, 1, flits, arrivals)
+    # One bank: a batch is collected after the previous one's returns.
+    assert one[0] == 24 + done + 1
+    assert one[1] == one[0] - 1 + 8 * flits + 8 * flits + done + 1
+    two = golden.chiplet_stream_returns(batches, shape, 2, flits, arrivals)
+    # Two banks: the second batch is in before the first is computed; it starts when the
+    # planner is free and returns right after it (compute-bound).
+    assert two[0] == one[0] and two[1] == two[0] + done
+    assert golden.chiplet_stream_returns(batches, shape, 3, flits, arrivals) == two
+
+
 def test_chiplet_schedule_counts_one_visit_per_slot_and_grows_with_groups():
     shape = golden.ChipletShape(d_model=8, d_ff=8, rows=4, cols=4, arrays=2)
     empty = golden.chiplet_batch_edges([0, 0], shape, 1)
@@ -202,20 +219,20 @@ def test_chiplet_schedule_counts_one_visit_per_slot_and_grows_with_groups():
     assert golden.chiplet_batch_edges([4, 0], shape, 4) == one   # one full group: same time
 
 
-# The defaults; odd sizes everywhere (3 slots, D=5, F=3, 2 lanes, a 3x2 tile of 3 arrays, a
-# batch of 5, a queue of 2 packets, 2 header flits); the smallest corner (1 of everything,
-# 2-bit elements, no queue); a tall narrow tile (R = 6 > K, so the tile's spacing rule paces
-# it) with 4 slots holding every expert.
+# The defaults (2 token banks); odd sizes everywhere (3 slots, D=5, F=3, 2 lanes, a 3x2 tile
+# of 3 arrays, a batch of 5, a queue of 2 packets, 2 header flits, 3 token banks); the
+# smallest corner (1 of everything, 2-bit elements, no queue, one token bank); a tall narrow
+# tile (R = 6 > K, so the tile's spacing rule paces it) with 4 slots holding every expert.
 CHIPLET_CONFIGS = [
     {},
     {"experts": 7, "k": 3, "slots": 3, "d_model": 5, "d_ff": 3, "lanes": 2, "rows": 3,
      "cols": 2, "arrays": 3, "batch": 5, "batch_wait": 3, "in_width": 6, "w_width": 5,
      "acc_width": 20, "combine_width": 20, "gate_width": 4, "data_width": 8,
-     "queue_tokens": 2},
+     "queue_tokens": 2, "token_banks": 3},
     {"experts": 2, "k": 1, "slots": 1, "leaves": 1, "d_model": 1, "d_ff": 1, "lanes": 1,
      "rows": 1, "cols": 1, "arrays": 1, "batch": 1, "batch_wait": 1, "in_width": 2,
      "w_width": 2, "gate_width": 1, "data_width": 2, "shift_g": 0, "shift_u": 0,
-     "shift_h": 0, "gate_shift": 0, "queue_tokens": 0},
+     "shift_h": 0, "gate_shift": 0, "queue_tokens": 0, "token_banks": 1},
     {"experts": 4, "k": 2, "slots": 4, "d_model": 4, "d_ff": 6, "lanes": 4, "rows": 6,
      "cols": 3, "arrays": 1, "batch": 7, "shift_g": 3, "gate_shift": 5},
 ]
@@ -277,16 +294,17 @@ def test_chiplet_config_errors_name_the_parameter(params, name):
 
 # ---- moe_layer: the system -----------------------------------------------------------------
 
-# The defaults (8 experts on 4 chiplets of 2 slots, a 2,2 tree); an odd one: node-limited 6
-# experts in 3 groups and a shared expert on a 3-leaf tree, D = 5, F = 3, 2 lanes (2 header
-# flits), a 3x2 tile of 3 arrays, batches of 3.
+# The defaults (8 experts on 4 chiplets of 2 slots, a 2,2 tree, 2 token banks); an odd one:
+# node-limited 6 experts in 3 groups and a shared expert on a 3-leaf tree, D = 5, F = 3, 2
+# lanes (2 header flits), a 3x2 tile of 3 arrays, batches of 3, one token bank.
 LAYER_CONFIGS = [
     {},
     {"experts": 6, "k": 3, "groups": 3, "topk_groups": 2, "fanouts": (3,), "slots": 3,
      "shared": 1, "shared_leaf": 2,
      "d_model": 5, "d_ff": 3, "lanes": 2, "rows": 3, "cols": 2, "arrays": 3, "batch": 3,
      "batch_wait": 4, "in_width": 6, "w_width": 5, "score_width": 4, "gate_width": 4,
-     "data_width": 8, "acc_width": 20, "combine_width": 20, "score_shift": 3},
+     "data_width": 8, "acc_width": 20, "combine_width": 20, "score_shift": 3,
+     "token_banks": 1},
 ]
 LAYER_COCOTB_TESTS = 9
 
