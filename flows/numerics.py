@@ -12,6 +12,11 @@ the accumulator, truncated to ``acc_frac`` fraction bits):
 Inputs: ``random``, both operands N(0, 1) cast to E4M3 (zero-mean, as activations and weights
 after fine-grained scaling), max and mean over the trials; ``crafted``, one product of 256 * 256
 followed by K - 1 products of 1 * 1, which a 13-bit accumulator at exponent 16 drops entirely.
+
+A second table (seed 003 §3.2) compares the formats for transmitting activations: per 1 x 128
+tile, the relative error of LogFMT-8 and LogFMT-10 (``golden.fp.logfmt_encode``), E4M3 and E5M2
+with one scale per tile (the tile's largest magnitude onto the format's largest finite value),
+and BF16, on Gaussian and heavy-tailed (Student t, 2 degrees of freedom) tiles.
 """
 
 import json
@@ -23,7 +28,8 @@ import numpy as np
 from flows.reports import table
 from golden import fp
 
-__all__ = ["LENGTHS", "MODES", "error_table", "format_table", "plot", "run"]
+__all__ = ["LENGTHS", "MODES", "error_table", "format_table", "plot", "run", "TILE_FORMATS",
+           "tile_error_table", "format_tile_table"]
 
 LENGTHS = (128, 512, 1024, 4096, 16384)
 MODES = {
@@ -99,15 +105,61 @@ def plot(rows, path):
     return path
 
 
-def run(output, trials=16, seed=1):
-    """The table (printed), its JSON and the plot under ``output``; returns the rows."""
+TILE = 128
+TILE_FORMATS = ("LogFMT-8", "LogFMT-10", "fp8_e4m3", "fp8_e5m2", "bf16")
+
+
+def _round_trip(tile, name):
+    """The tile after encoding in ``name`` and decoding (FP8: one scale per tile)."""
+    if name.startswith("LogFMT-"):
+        bits = int(name.split("-")[1])
+        return fp.logfmt_decode(*fp.logfmt_encode(tile, bits), bits)
+    if name == "bf16":
+        return [fp.decode(fp.encode(v, name), name) for v in tile]
+    scale = max(abs(v) for v in tile) / fp.FORMATS[name].max_finite
+    return [fp.decode(fp.encode(v / scale, name), name) * scale for v in tile]
+
+
+def tile_error_table(tiles=200, seed=1):
+    """Rows ``{"inputs", format: {"mean", "max"}}``: the relative error |x' - x| / |x| of every
+    nonzero element of ``tiles`` 1 x 128 tiles, Gaussian and heavy-tailed."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for inputs in ("gaussian", "heavy-tailed"):
+        errors = {name: [] for name in TILE_FORMATS}
+        for _ in range(tiles):
+            draw = rng.normal(0.0, 1.0, TILE) if inputs == "gaussian" else \
+                rng.standard_t(2, TILE)
+            tile = [float(v) for v in draw]
+            for name in TILE_FORMATS:
+                errors[name] += [abs(y - x) / abs(x) for x, y in zip(tile, _round_trip(tile, name))
+                                 if x]
+        rows.append({"inputs": inputs, **{name: {"mean": float(np.mean(v)), "max": max(v)}
+                                           for name, v in errors.items()}})
+    return rows
+
+
+def format_tile_table(rows):
+    return table(["tiles", *TILE_FORMATS],
+                 [(row["inputs"], *(f"{100 * row[n]['mean']:.3f}% (max {100 * row[n]['max']:.2f}%)"
+                                    for n in TILE_FORMATS)) for row in rows])
+
+
+def run(output, trials=16, seed=1, tiles=200):
+    """The tables (printed), their JSON and the plot under ``output``; returns the rows."""
     rows = error_table(trials, seed)
     print(format_table(rows))
     print("relative error |dot - exact| / |exact|; random: max (and mean) over "
           f"{trials} trials of N(0,1) operands cast to E4M3; crafted: 256*256 then K-1 1*1")
+    tile_rows = tile_error_table(tiles, seed)
+    print()
+    print(format_tile_table(tile_rows))
+    print(f"mean (and max) relative error of every nonzero element of {tiles} 1x{TILE} tiles; "
+          "FP8 with one scale per tile (largest magnitude onto the largest finite value)")
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     (output / "fp8_accumulation.json").write_text(json.dumps(rows, indent=1))
-    print(f"wrote {output / 'fp8_accumulation.json'}")
+    (output / "tile_formats.json").write_text(json.dumps(tile_rows, indent=1))
+    print(f"wrote {output / 'fp8_accumulation.json'} and {output / 'tile_formats.json'}")
     print(f"wrote {plot(rows, output / 'fp8_accumulation.png')}")
     return rows

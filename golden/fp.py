@@ -30,7 +30,7 @@ import math
 from fractions import Fraction
 
 __all__ = ["Format", "FORMATS", "decode", "encode", "components", "e8m0_decode",
-           "DotConfig", "dot", "exact_dot"]
+           "DotConfig", "dot", "exact_dot", "logfmt_encode", "logfmt_decode"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,3 +284,58 @@ def exact_dot(a, b, fmt_a, fmt_b):
     """The exact sum of the exact products (a Fraction), the reference of the error tables."""
     return sum((Fraction(decode(x, fmt_a)) * Fraction(decode(y, fmt_b))
                 for x, y in zip(a, b)), Fraction(0))
+
+
+# --- LogFMT-n (seed 003 §3.2): the reference numerics (float64 logarithms) ---
+
+LOG_RANGE = 32 * math.log(2)           # min is clamped above max - log(2**32)
+
+
+def logfmt_encode(tile, bits):
+    """A 1 x m tile in LogFMT-``bits``: ``(codes, minimum, step)``.
+
+    Per element a sign bit and a (bits-1)-bit code: 0 is zero; code c >= 1 stands for
+    exp(minimum + step*(c-1)). ``minimum`` and the largest log|x| of the tile's nonzero elements
+    encode as 1 and as all ones, minimum clamped above max - log(2**32); step = (max - minimum) /
+    (2**(bits-1) - 2). Each element goes to the nearer of its two neighbouring levels (or zero)
+    *in linear space*, ties to the larger magnitude. Float64 logarithms here: the hardware's
+    fixed-point log and exp, with their bit-exact model, come with the encoder blocks.
+    """
+    levels = (1 << (bits - 1)) - 1                       # codes 1..levels
+    magnitudes = [abs(float(v)) for v in tile]
+    logs = [math.log(a) for a in magnitudes if a > 0]
+    if not logs:
+        return [0] * len(magnitudes), 0.0, 0.0
+    top = max(logs)
+    minimum = max(min(logs), top - LOG_RANGE)
+    step = (top - minimum) / (levels - 1)
+    sign_bit = 1 << (bits - 1)
+    codes = []
+    for value, magnitude in zip(tile, magnitudes):
+        sign = sign_bit if float(value) < 0 else 0
+        if magnitude == 0:
+            codes.append(sign)
+            continue
+        if step == 0:
+            codes.append(sign | 1)
+            continue
+        position = (math.log(magnitude) - minimum) / step
+        low = min(max(math.floor(position), -1), levels - 1)   # -1: below the minimum (zero)
+        high = min(low + 1, levels - 1)
+
+        def level(k):
+            return 0.0 if k < 0 else math.exp(minimum + step * k)
+        below, above = level(low), level(high)
+        k = high if abs(above - magnitude) <= abs(magnitude - below) else low
+        codes.append(sign | (k + 1))
+    return codes, minimum, step
+
+
+def logfmt_decode(codes, minimum, step, bits):
+    """Values of LogFMT-``bits`` codes: 0 for code 0, else +-exp(minimum + step*(code-1))."""
+    out = []
+    for code in codes:
+        magnitude_code = code & ((1 << (bits - 1)) - 1)
+        value = 0.0 if magnitude_code == 0 else math.exp(minimum + step * (magnitude_code - 1))
+        out.append(-value if code >> (bits - 1) else value)
+    return out

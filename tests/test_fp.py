@@ -164,3 +164,33 @@ def test_numerics_cli_rejects_a_bad_trial_count(capsys):
     from flows.cli import main
     assert main(["numerics", "--trials", "0"]) == 2
     assert "option '--trials': got 0" in capsys.readouterr().err
+
+
+def test_logfmt_levels_zero_and_sign():
+    tile = [0.0, -1.0, 2.0, 4.0, -0.5, 3.0]
+    codes, minimum, step = fp.logfmt_encode(tile, 8)
+    assert minimum == math.log(0.5) and step == pytest.approx((math.log(4) - math.log(0.5)) / 126)
+    assert codes[0] == 0 and codes[3] == 127 and codes[4] == 0x80 | 1   # zero, max, -min
+    values = fp.logfmt_decode(codes, minimum, step, 8)
+    assert values[0] == 0 and values[3] == pytest.approx(4.0) and values[4] == pytest.approx(-0.5)
+    assert values[1] < 0 and abs(values[2] - 2.0) / 2.0 < step
+
+
+def test_logfmt_rounds_in_linear_space_and_clamps_the_range():
+    # Between two levels, the nearer in linear space wins (the geometric midpoint would not).
+    codes, minimum, step = fp.logfmt_encode([1.0, 16.0], 3)    # levels 1, 4, 16 (step log 4)
+    below, above = math.exp(minimum), math.exp(minimum + step)
+    x = (below + above) / 2 - 1e-9                             # under the linear midpoint
+    assert math.sqrt(below * above) < x
+    assert fp.logfmt_encode([1.0, 16.0, x], 3)[0][2] == 1      # -> level 1, code 1
+    # The range is clamped to 2**32: a tiny element falls to zero or the smallest level.
+    codes, minimum, _ = fp.logfmt_encode([1.0, 2.0 ** -40], 8)
+    assert minimum == pytest.approx(-32 * math.log(2)) and codes[1] == 0
+
+
+def test_tile_formats_reproduce_the_seeds_ranking():
+    from flows import numerics
+    for row in numerics.tile_error_table(tiles=20, seed=3):
+        mean = {name: row[name]["mean"] for name in numerics.TILE_FORMATS}
+        assert mean["LogFMT-8"] < mean["fp8_e4m3"] < mean["fp8_e5m2"]
+        assert mean["bf16"] < mean["LogFMT-10"] < 3 * mean["bf16"]
