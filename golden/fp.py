@@ -30,7 +30,7 @@ import math
 from fractions import Fraction
 
 __all__ = ["Format", "FORMATS", "decode", "encode", "components", "e8m0_decode",
-           "DotConfig", "dot", "exact_dot", "logfmt_encode", "logfmt_decode"]
+           "DotConfig", "dot", "accumulate", "exact_dot", "logfmt_encode", "logfmt_decode"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,6 +238,27 @@ def _product(a, b, fmt_a, fmt_b):
         kind = "nan"                                    # inf * 0
     m = ma * mb
     return kind, sa ^ sb, (-m if sa ^ sb else m), xa + xb
+
+
+def accumulate(a, b, fmt, group, acc_frac):
+    """The partial-sum accumulator after the dot product of codes ``a`` and ``b`` (both in
+    ``fmt``), ``group`` products a step, as block ``fp_dot`` returns it: ``sign``,
+    ``mantissa`` (acc_frac + 1 bits, value = mantissa * 2**(exponent - acc_frac)),
+    ``exponent`` (-126..127; -126 also for zero), and the flags ``nan`` (a NaN operand,
+    infinity * 0 or infinities of both signs), ``inf`` (an infinite product, no NaN: the
+    sign is the infinity's) and ``overflow`` (the exponent saturated at 127)."""
+    products = [_product(x, y, fmt, fmt) for x, y in zip(a, b)]
+    infinite = {sign for kind, sign, _, _ in products if kind == "inf"}
+    nan = any(kind == "nan" for kind, *_ in products) or len(infinite) == 2
+    acc = _Accumulator(acc_frac)
+    for step in range(0, len(products), group):
+        acc.add([(m, x) if kind == "num" else (0, 0)
+                 for kind, _, m, x in products[step:step + group]])
+    sign = int(acc.m < 0)
+    if infinite and not nan:
+        sign = next(iter(infinite))
+    return {"sign": sign, "mantissa": abs(acc.m), "exponent": acc.e, "nan": int(nan),
+            "inf": int(bool(infinite) and not nan), "overflow": int(acc.overflow)}
 
 
 def dot(a, b, fmt_a, fmt_b, config=DotConfig(), scale_a=None, scale_b=None):

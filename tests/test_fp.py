@@ -8,7 +8,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from conftest import SIMULATORS, config_id, run_block
 from golden import fp
+from hw.params import ParamError
+from hw.registry import get_block
 
 ML = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2,
       "bf16": ml_dtypes.bfloat16}
@@ -194,3 +197,33 @@ def test_tile_formats_reproduce_the_seeds_ranking():
         mean = {name: row[name]["mean"] for name in numerics.TILE_FORMATS}
         assert mean["LogFMT-8"] < mean["fp8_e4m3"] < mean["fp8_e5m2"]
         assert mean["bf16"] < mean["LogFMT-10"] < 3 * mean["bf16"]
+
+
+# --- block fp_dot -----------------------------------------------------------------------------
+
+# The defaults (E4M3, 32 products a beat, FP22); E5M2 with an odd group and the narrowest
+# accumulator (infinities, heavy truncation); BF16 one product a beat into an FP32-like one.
+SIM_CONFIGS = [
+    {},
+    {"dtype": "fp8_e5m2", "group": 3, "acc_frac": 4},
+    {"dtype": "bf16", "group": 1, "acc_frac": 23},
+]
+COCOTB_TESTS = 8
+
+
+@pytest.mark.parametrize("simulator", SIMULATORS)
+@pytest.mark.parametrize("params", SIM_CONFIGS, ids=[config_id(p) for p in SIM_CONFIGS])
+def test_cocotb(params, simulator):
+    assert run_block("fp_dot", params, simulator).tests == COCOTB_TESTS
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"dtype": "fp16"}, "parameter 'dtype': got 'fp16'; allowed: one of 'fp8_e4m3', "
+     "'fp8_e5m2', 'bf16'"),
+    ({"group": 33}, "parameter 'group': got 33; allowed: an integer in 1..32"),
+    ({"acc_frac": 3}, "parameter 'acc_frac': got 3; allowed: an integer in 4..24"),
+])
+def test_fp_dot_config_errors(params, message):
+    with pytest.raises(ParamError) as info:
+        get_block("fp_dot").config(**params)
+    assert str(info.value) == message

@@ -1,0 +1,177 @@
+"""cocotb tests of ``fp_dot`` against ``golden.fp.accumulate``.
+
+Every result is compared, in order, field by field (sign, mantissa, exponent, nan, inf,
+overflow) with the golden accumulator on the same codes; with every port ready the beats are
+taken one per cycle and each result leaves one edge after its dot product's last beat.
+"""
+
+import time
+
+import cocotb
+from cocotb.triggers import ClockCycles
+
+from golden import fp as golden
+from tb.harness import start_bench, write_throughput
+from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, edge_now,
+                        pause_fraction, reset_dut, wait_for)
+
+
+class DotBench(StreamBench):
+    """A source on ``inp``, a sink on ``out``, the golden results in order."""
+
+    def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
+        super().__init__(dut, component, rng, ("inp",), ("out",), gap, stall)
+        self.cfg = config
+        self.fmt = config.format
+        self.board = InOrderScoreboard("result", component.out.payload.shape())
+        self.beats = 0
+        self.last_flags = []             # per beat sent, in order
+
+    def code(self, special_rate=0.1):
+        """A random operand: any code, often a special or extreme one."""
+        fmt, rng = self.fmt, self.rng
+        if rng.random() < special_rate:
+            sign = rng.choice([0, 1 << (fmt.width - 1)])
+            return sign | rng.choice([0, 1, 2, fmt.max_code, fmt.canonical_nan,
+                                      (1 << fmt.man_bits) - 1, 1 << fmt.man_bits])
+        return rng.randrange(1 << fmt.width)
+
+    def finite(self, code):
+        return code if golden.components(code, self.fmt)[0] == "num" else 0
+
+    def send_dot(self, a, b):
+        """One dot product: ceil(n/g) beats, the last padded with zero codes."""
+        g = self.cfg.group
+        for start in range(0, len(a), g):
+            part_a, part_b = a[start:start + g], b[start:start + g]
+            pad = [0] * (g - len(part_a))
+            last = int(start + g >= len(a))
+            self.sources["inp"].send({"a": part_a + pad, "b": part_b + pad, "last": last})
+            self.last_flags.append(last)
+            self.beats += 1
+        self.board.expect_payload(golden.accumulate(a, b, self.fmt, g, self.cfg.acc_frac))
+
+    def random_dot(self, specials=False):
+        count = self.rng.randint(1, 4 * self.cfg.group)
+        a = [self.code() for _ in range(count)]
+        b = [self.code() for _ in range(count)]
+        if not specials:
+            a, b = [self.finite(c) for c in a], [self.finite(c) for c in b]
+        self.send_dot(a, b)
+
+    async def drain(self, gap=0.0, stall=0.0):
+        slowdown = 1.0 / ((1.0 - pause_fraction(gap)) * (1.0 - pause_fraction(stall)))
+        await wait_for(self.dut, lambda: len(self.sinks["out"].received) ==
+                       len(self.board.expected), int(4 * self.beats * slowdown) + 400,
+                       "every result out")
+        await ClockCycles(self.dut.clk, 3)
+        mismatch = getattr(self.dut, "mismatch", None)
+        if mismatch is not None:
+            assert mismatch.value == 0, "the 3D build's outputs differ from the 2D build's"
+
+    def check(self):
+        self.board.check(self.sinks["out"])
+
+
+@cocotb.test()
+@cocotb.parametrize((("gap", "stall"), STALL_PROFILES))
+async def test_random_dots(dut, gap, stall):
+    """Random dot products of 1..4g elements, finite and with specials, under valid gaps and
+    result stalls: every result equals the golden accumulator, in order; without stalls the
+    beats go back to back and each result leaves one edge after its last beat."""
+    bench = await start_bench(DotBench, dut, f"random:{gap}:{stall}", gap, stall)
+    for index in range(60):
+        bench.random_dot(specials=index % 3 == 0)
+    await bench.drain(gap, stall)
+    bench.check()
+    if gap == 0.0 and stall == 0.0:
+        taken = bench.sources["inp"].sent_edges
+        assert taken == list(range(taken[0], taken[0] + len(taken))), "a bubble between beats"
+        lasts = [edge for edge, last in zip(taken, bench.last_flags) if last]
+        assert [edge for edge, _ in bench.sinks["out"].received] == [e + 1 for e in lasts]
+    bench.stop()
+
+
+@cocotb.test()
+async def test_edge_values(dut):
+    """Signed zeros, subnormals times subnormals, the largest finite values (accumulated until
+    the exponent saturates where the format reaches it), exact cancellation, NaN, infinity
+    times zero and infinities of both signs."""
+    bench = await start_bench(DotBench, dut, "edges")
+    fmt, g = bench.fmt, bench.cfg.group
+    sign = 1 << (fmt.width - 1)
+    big, tiny = fmt.max_code, 1
+    one = golden.encode(1.0, fmt)
+    cases = [
+        ([0, sign], [sign, 0]),                               # -0 products
+        ([tiny] * 5, [tiny] * 5),                             # subnormal * subnormal
+        ([big] * (3 * g + 1), [big] * (3 * g + 1)),           # the largest products
+        ([big, big | sign], [big, big]),                      # exact cancellation
+        ([one, big, one | sign], [one, big | sign, one]),
+        ([fmt.canonical_nan, one], [one, one]),               # NaN
+    ]
+    if fmt.ieee:
+        inf = ((1 << fmt.exp_bits) - 1) << fmt.man_bits
+        cases += [([inf, one], [0, one]),                     # infinity * 0: NaN
+                  ([inf, inf | sign], [one, one]),            # +inf and -inf: NaN
+                  ([inf, big], [one | sign, big])]            # -inf
+    for a, b in cases:
+        bench.send_dot(a, b)
+    await bench.drain()
+    bench.check()
+    bench.stop()
+
+
+@cocotb.test()
+async def test_small_products_after_a_large_one(dut):
+    """The seed's mechanism: one large product, then many small ones that the acc_frac-bit
+    accumulator truncates (every result still equals the golden's, whatever it keeps)."""
+    bench = await start_bench(DotBench, dut, "crafted")
+    fmt = bench.fmt
+    large = golden.encode(min(256.0, fmt.max_finite), fmt)
+    one = golden.encode(1.0, fmt)
+    for count in (2, 65, 4 * bench.cfg.group + 3):
+        bench.send_dot([large] + [one] * (count - 1), [large] + [one] * (count - 1))
+        bench.send_dot([one] * (count - 1) + [large], [one] * (count - 1) + [large])
+    await bench.drain()
+    bench.check()
+    bench.stop()
+
+
+@cocotb.test()
+async def test_reset_mid_dot(dut):
+    """Reset with a dot product half taken and results waiting: afterwards only the new dot
+    products come out, each from a fresh accumulator."""
+    bench = await start_bench(DotBench, dut, "reset", 0.2, 0.5)
+    for _ in range(6):
+        bench.random_dot()
+    await ClockCycles(dut.clk, 4)
+    bench.stop()
+    await reset_dut(dut)
+    bench = await start_bench(DotBench, dut, "after-reset", 0.2, 0.5)
+    for _ in range(20):
+        bench.random_dot()
+    await bench.drain(0.2, 0.5)
+    bench.check()
+    bench.stop()
+
+
+@cocotb.test()
+async def test_throughput(dut):
+    """Beats and products per cycle at saturation over at least 10k cycles."""
+    bench = await start_bench(DotBench, dut, "throughput")
+    began, first_edge = time.perf_counter(), edge_now()
+    while bench.beats < 10000:
+        bench.random_dot()
+    await bench.drain()
+    bench.check()
+    taken = bench.sources["inp"].sent_edges
+    cycles = taken[-1] - taken[0] + 1
+    beats_per_cycle = len(taken) / cycles
+    assert beats_per_cycle == 1.0
+    write_throughput({"beats_per_cycle": beats_per_cycle,
+                      "products_per_cycle": beats_per_cycle * bench.cfg.group,
+                      "latency_cycles": 1, "dot_products": len(bench.board.expected)},
+                     "operand pairs of group g per cycle, every port ready",
+                     (edge_now() - first_edge) / (time.perf_counter() - began))
+    bench.stop()
