@@ -30,7 +30,7 @@ import math
 from fractions import Fraction
 
 __all__ = ["Format", "FORMATS", "decode", "encode", "components", "e8m0_decode",
-           "DotConfig", "dot", "accumulate", "exact_dot", "logfmt_encode", "logfmt_decode"]
+           "DotConfig", "dot", "exact_dot", "logfmt_encode", "logfmt_decode"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +161,7 @@ def e8m0_decode(code):
     return math.nan if code == 255 else math.ldexp(1.0, code - 127)
 
 
-# --- the dot-product unit's accumulation (block ``fp_dot``, docs/numerics.md) ---
+# --- the dot-product unit (block ``fp_dot``, docs/blocks/fp.md and docs/numerics.md) ---
 
 ACC_EMIN, ACC_EMAX = -126, 127          # the accumulator's 8-bit exponent range
 
@@ -240,27 +240,6 @@ def _product(a, b, fmt_a, fmt_b):
     return kind, sa ^ sb, (-m if sa ^ sb else m), xa + xb
 
 
-def accumulate(a, b, fmt, group, acc_frac):
-    """The partial-sum accumulator after the dot product of codes ``a`` and ``b`` (both in
-    ``fmt``), ``group`` products a step, as block ``fp_dot`` returns it: ``sign``,
-    ``mantissa`` (acc_frac + 1 bits, value = mantissa * 2**(exponent - acc_frac)),
-    ``exponent`` (-126..127; -126 also for zero), and the flags ``nan`` (a NaN operand,
-    infinity * 0 or infinities of both signs), ``inf`` (an infinite product, no NaN: the
-    sign is the infinity's) and ``overflow`` (the exponent saturated at 127)."""
-    products = [_product(x, y, fmt, fmt) for x, y in zip(a, b)]
-    infinite = {sign for kind, sign, _, _ in products if kind == "inf"}
-    nan = any(kind == "nan" for kind, *_ in products) or len(infinite) == 2
-    acc = _Accumulator(acc_frac)
-    for step in range(0, len(products), group):
-        acc.add([(m, x) if kind == "num" else (0, 0)
-                 for kind, _, m, x in products[step:step + group]])
-    sign = int(acc.m < 0)
-    if infinite and not nan:
-        sign = next(iter(infinite))
-    return {"sign": sign, "mantissa": abs(acc.m), "exponent": acc.e, "nan": int(nan),
-            "inf": int(bool(infinite) and not nan), "overflow": int(acc.overflow)}
-
-
 def dot(a, b, fmt_a, fmt_b, config=DotConfig(), scale_a=None, scale_b=None):
     """The dot product of codes ``a`` and ``b`` as the unit computes it: an FP32 code.
 
@@ -269,8 +248,8 @@ def dot(a, b, fmt_a, fmt_b, config=DotConfig(), scale_a=None, scale_b=None):
     times its scales, is added into the FP32 accumulator, rounded once (to nearest even,
     saturating) and the partial sum restarts from zero. ``scale_a``/``scale_b``: one float per
     ``scale_block`` elements (default all 1; with ``promote_every`` 0 they must be uniform).
-    NaN operands, infinity times zero and infinities of both signs give NaN; otherwise an
-    infinite product gives that infinity.
+    NaN operands, infinity times zero, infinities of both signs and a NaN or infinite scale give
+    NaN; otherwise an infinite product gives that infinity.
     """
     count = len(a)
     blocks = -(-count // config.scale_block)
@@ -279,7 +258,7 @@ def dot(a, b, fmt_a, fmt_b, config=DotConfig(), scale_a=None, scale_b=None):
     products = [_product(x, y, fmt_a, fmt_b) for x, y in zip(a, b)]
     kinds = {kind for kind, *_ in products}
     scales = scale_a + scale_b
-    if "nan" in kinds or any(math.isnan(s) for s in scales):
+    if "nan" in kinds or not all(math.isfinite(s) for s in scales):
         return FORMATS["fp32"].canonical_nan
     infinite = {sign for kind, sign, _, _ in products if kind == "inf"}
     if len(infinite) == 2:

@@ -1,24 +1,24 @@
-"""FP8/BF16 dot-product accumulation: block ``fp_dot`` (contract: docs/blocks/fp.md).
+"""FP8/BF16 dot products: block ``fp_dot`` (contract: docs/blocks/fp.md).
 
 Source: seed 003 §3.1 (DeepSeek-V3's FP8 GEMMs on Hopper: the products of a group are aligned
 to the largest exponent among them and the accumulator, the bits below ``acc_frac`` fraction
-bits are truncated, and the sum is kept with an 8-bit exponent: FP22 for acc_frac = 13). The
-numerics are :func:`golden.fp.accumulate`, bit for bit.
+bits are truncated, and the sum is kept with an 8-bit exponent: FP22 for acc_frac = 13; every
+128 elements the partial sum is promoted into FP32, where the fine-grained scales apply). The
+numerics are :func:`golden.fp.dot`, bit for bit.
 
-One beat of ``group`` g operand pairs per cycle, all in one cycle (the accumulator feeds the
+One beat of ``group`` g operand pairs per cycle, all in one cycle (the partial sum feeds the
 next beat's alignment):
 
 1. decode the 2g operands (sign, mantissa with its hidden bit, exponent of its last bit; NaN,
    infinity), multiply the mantissas exactly and add the exponents;
-2. E = the largest of the nonzero products' leading-bit exponents, the accumulator's (when
+2. E = the largest of the nonzero products' leading-bit exponents, the partial sum's (when
    nonzero) and -126;
-3. align each product and the accumulator to E: magnitude * 2**(its exponent - E + F),
+3. align each product and the partial sum to E: magnitude * 2**(its exponent - E + F),
    truncated toward zero (a right barrel shift), signed;
 4. add the g + 1 terms exactly, renormalize to F + 1 significant bits (truncating toward zero;
-   at exponent -126 the sum stays unnormalized; above 127 it saturates).
-
-This is the partial-sum stage of the seed's dot-product unit; promotion into FP32 with
-per-block scales (``golden.fp.dot``) is not built yet.
+   at exponent -126 the sum stays unnormalized; above 127 it saturates);
+5. at a promotion: the partial sum times the two FP32 scales (exact, at most 73 bits) plus the
+   FP32 accumulator, added in an 80-bit field with a sticky bit and rounded once to FP32.
 """
 
 import dataclasses
@@ -29,12 +29,15 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from golden import fp as golden
-from hw.params import ConfiguredComponent, choice_param, int_param, validate
+from hw.params import ConfiguredComponent, choice_param, int_param, param_error, validate
 from hw.registry import Block, register
 
 __all__ = ["FpDotConfig", "FpDot", "input_layout", "result_layout"]
 
 ACC_EXPONENT_BITS = 9              # signed -126..127 (the 8-bit exponent's range)
+SCALE_BLOCK = 128                  # elements per scale (1x128 tiles, 128x128 blocks)
+FIELD = 80                         # promotion adder: bits from the larger operand's top down
+FP32 = golden.FORMATS["fp32"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,13 +52,27 @@ class FpDotConfig:
         g, operand pairs per beat, aligned together (1..32).
     acc_frac : int
         F, fraction bits of the accumulator (4..24; 13 is Hopper's FP22, 23 FP32-like).
+    promote_every : int
+        Elements after which the partial sum, times its scales, is added into the FP32
+        accumulator (0: only at the end; else a multiple of g dividing 128).
     """
     dtype: str = choice_param("fp8_e4m3", ("fp8_e4m3", "fp8_e5m2", "bf16"), "operand format")
     group: int = int_param(32, 1, 32, "g, operand pairs per beat (aligned together)")
     acc_frac: int = int_param(13, 4, 24, "F, fraction bits of the accumulator")
+    promote_every: int = int_param(128, 0, 128, "elements per promotion into FP32 (0: at the end)")
 
     def __post_init__(self):
         validate(self)
+        if self.promote_every and (self.promote_every % self.group
+                                   or SCALE_BLOCK % self.promote_every):
+            raise param_error("promote_every", self.promote_every,
+                              f"0 or a multiple of group ({self.group}) that divides "
+                              f"{SCALE_BLOCK} (one scale pair per partial sum)")
+
+    @property
+    def chunk_beats(self):
+        """Beats per promotion (0: the whole dot product)."""
+        return self.promote_every // self.group
 
     @property
     def format(self):
@@ -65,15 +82,13 @@ class FpDotConfig:
 def input_layout(config):
     code = config.format.width
     return data.StructLayout({"a": data.ArrayLayout(code, config.group),
-                              "b": data.ArrayLayout(code, config.group), "last": 1})
+                              "b": data.ArrayLayout(code, config.group),
+                              "scale_a": 32, "scale_b": 32, "last": 1})
 
 
 def result_layout(config):
-    """``mantissa`` (F + 1 bits) * 2**(``exponent`` - F), ``sign``; flags ``nan``, ``inf``,
-    ``overflow``."""
-    return data.StructLayout({"mantissa": config.acc_frac + 1,
-                              "exponent": signed(ACC_EXPONENT_BITS), "sign": 1, "nan": 1,
-                              "inf": 1, "overflow": 1})
+    """``result``: the dot product as an FP32 code."""
+    return data.StructLayout({"result": 32})
 
 
 def _leading_one(m, value, name):
@@ -118,9 +133,9 @@ class FpDot(ConfiguredComponent):
             "out": Out(stream.Signature(result_layout(config))),
         })
 
-    def _operand(self, m, code, name):
+    def _operand(self, m, code, name, fmt=None):
         """``(nan, inf, sign, mantissa, exponent of its last bit)`` of a code."""
-        fmt = self.config.format
+        fmt = fmt or self.config.format
         man = code[:fmt.man_bits]
         field = code[fmt.man_bits:fmt.man_bits + fmt.exp_bits]
         top = (1 << fmt.exp_bits) - 1
@@ -149,8 +164,11 @@ class FpDot(ConfiguredComponent):
         # Accumulator state (sign-magnitude), per dot product: sticky flags.
         acc_sign, acc_m = Signal(), Signal(F + 1)
         acc_e = Signal(signed(ACC_EXPONENT_BITS), init=emin)
-        nan_seen, inf_pos, inf_neg, overflow = Signal(), Signal(), Signal(), Signal()
-        first = Signal(init=1)                           # the next beat starts a dot product
+        nan_seen, inf_pos, inf_neg = Signal(), Signal(), Signal()
+        first = Signal(init=1)                           # the next beat starts a partial sum
+        dot_first = Signal(init=1)                       # ... and a dot product
+        total_code = Signal(32)                          # the FP32 accumulator
+        beat_index = Signal(range(max(1, cfg.chunk_beats)))
 
         out_valid = Signal()
         take = self.inp.valid & self.inp.ready
@@ -237,18 +255,28 @@ class FpDot(ConfiguredComponent):
         with m.Else():
             m.d.comb += [new_m.eq(normal_m), new_e.eq(normal_e)]
 
-        any_nan = Cat(*beat_nan).any()
+        # 5. Promotion at a chunk's last beat (and the dot product's): the partial sum times
+        # the beat's two scales, added into the FP32 accumulator, rounded once.
+        promote = Signal()
+        chunk_end = (beat_index == cfg.chunk_beats - 1) if cfg.chunk_beats else Const(0)
+        m.d.comb += promote.eq(chunk_end | beat.last)
+        held_total = Mux(dot_first, 0, total_code)
+        promoted, scale_nan = self._promote(m, total < 0, new_m, new_e, beat.scale_a,
+                                            beat.scale_b, held_total)
+
+        any_nan = Cat(*beat_nan).any() | (promote & scale_nan)
         any_pos = Cat(*beat_inf_pos).any()
         any_neg = Cat(*beat_inf_neg).any()
-        sticky_nan = Mux(first, 0, nan_seen) | any_nan
-        sticky_pos = Mux(first, 0, inf_pos) | any_pos
-        sticky_neg = Mux(first, 0, inf_neg) | any_neg
-        sticky_overflow = Mux(first, 0, overflow) | saturated
+        sticky_nan = Mux(dot_first, 0, nan_seen) | any_nan
+        sticky_pos = Mux(dot_first, 0, inf_pos) | any_pos
+        sticky_neg = Mux(dot_first, 0, inf_neg) | any_neg
         with m.If(take):
             m.d.sync += [acc_m.eq(new_m), acc_e.eq(new_e), acc_sign.eq(total < 0),
                          nan_seen.eq(sticky_nan), inf_pos.eq(sticky_pos),
-                         inf_neg.eq(sticky_neg), overflow.eq(sticky_overflow),
-                         first.eq(beat.last)]
+                         inf_neg.eq(sticky_neg), first.eq(promote), dot_first.eq(beat.last),
+                         total_code.eq(Mux(promote, promoted, held_total))]
+            if cfg.chunk_beats:
+                m.d.sync += beat_index.eq(Mux(promote, 0, beat_index + 1))
 
         # Result register: loaded by a dot product's last beat.
         out = self.out.payload
@@ -257,18 +285,109 @@ class FpDot(ConfiguredComponent):
         with m.If(take & beat.last):
             nan = sticky_nan | (sticky_pos & sticky_neg)
             inf = (sticky_pos | sticky_neg) & ~nan
-            m.d.sync += [out_valid.eq(1), out.mantissa.eq(new_m), out.exponent.eq(new_e),
-                         out.sign.eq(Mux(inf, sticky_neg, total < 0)), out.nan.eq(nan),
-                         out.inf.eq(inf), out.overflow.eq(sticky_overflow)]
+            infinity = Cat(Const(0, 23), Const(0xFF, 8), sticky_neg)
+            m.d.sync += [out_valid.eq(1),
+                         out.result.eq(Mux(nan, FP32.canonical_nan, Mux(inf, infinity, promoted)))]
         m.d.comb += self.out.valid.eq(out_valid)
         return m
+
+    def _aligned(self, m, mantissa, exponent, base, name):
+        """``mantissa * 2**(exponent - base)`` in FIELD + 1 bits, truncated, and whether bits
+        were lost (sticky). The caller makes the top fit: exponent + lead <= base + FIELD - 1."""
+        width = len(mantissa)
+        full = Cat(Const(0, FIELD), mantissa)
+        shift = Signal(signed(14), name=f"{name}_shift")        # FIELD - (exponent - base)
+        m.d.comb += shift.eq(FIELD - (exponent - base))
+        amount = Signal(range(FIELD + width + 1), name=f"{name}_amount")
+        m.d.comb += amount.eq(Mux(shift < 0, 0, Mux(shift > FIELD + width, FIELD + width,
+                                                    shift)))
+        value = Signal(FIELD + 1, name=f"{name}_aligned")
+        lost = Signal(name=f"{name}_sticky")
+        m.d.comb += [value.eq(full >> amount),
+                     lost.eq((full & ((Const(1, FIELD + width + 1) << amount) - 1)) != 0)]
+        return value, lost
+
+    def _promote(self, m, sign, mantissa, exponent, scale_a, scale_b, total):
+        """The FP32 code of ``total`` + (-1)**sign * mantissa * 2**(exponent - F) * scale_a *
+        scale_b, rounded to nearest even once (saturating, subnormals kept, zero positive);
+        and whether a scale is NaN or infinite."""
+        F = self.config.acc_frac
+        a_nan, a_inf, a_sign, a_m, a_x = self._operand(m, scale_a, "scale_a", FP32)
+        b_nan, b_inf, b_sign, b_m, b_x = self._operand(m, scale_b, "scale_b", FP32)
+        _, _, t_sign, t_m, t_x = self._operand(m, total, "total", FP32)
+        product = Signal(F + 1 + 48)
+        product_x = Signal(signed(14))
+        m.d.comb += [product.eq(mantissa * a_m * b_m), product_x.eq(exponent - F + a_x + b_x)]
+        product_sign = sign ^ a_sign ^ b_sign
+        p_lead = _leading_one(m, product, "product_lead")
+        t_lead = _leading_one(m, t_m, "total_lead")
+        p_top, t_top = Signal(signed(14)), Signal(signed(14))
+        m.d.comb += [p_top.eq(product_x + p_lead), t_top.eq(t_x + t_lead)]
+        p_zero, t_zero = product == 0, t_m == 0
+        top = Signal(signed(14))
+        m.d.comb += top.eq(Mux(p_zero, t_top, Mux(t_zero | (p_top > t_top), p_top, t_top)))
+        base = Signal(signed(14))                      # the field's last bit's exponent
+        m.d.comb += base.eq(top - (FIELD - 1))
+        p_value, p_lost = self._aligned(m, product, product_x, base, "product")
+        t_value, t_lost = self._aligned(m, t_m, t_x, base, "total")
+        width = FIELD + 3
+        p_wide = Cat(p_value, Const(0, 2)).as_signed()
+        t_wide = Cat(t_value, Const(0, 2)).as_signed()
+        raw = Signal(signed(width))
+        m.d.comb += raw.eq(Mux(product_sign, -p_wide, p_wide) + Mux(t_sign, -t_wide, t_wide))
+        # At most the smaller operand lost bits: the exact sum lies within one field unit of
+        # raw, on that operand's side.
+        lost = p_lost | t_lost
+        lost_negative = Mux(p_lost, product_sign, t_sign)
+        result_sign = raw < 0
+        magnitude = Signal(width)
+        m.d.comb += magnitude.eq(Mux(result_sign, -raw, raw))
+        exact = Signal(width)                          # |sum| = exact + (sticky ? (0, 1) : 0)
+        m.d.comb += exact.eq(Mux(lost & (lost_negative != result_sign), magnitude - 1,
+                                 magnitude))
+        lead = _leading_one(m, exact, "sum_lead")
+        round_x = Signal(signed(14))                   # exponent of the kept last bit
+        m.d.comb += round_x.eq(base + lead - 23)
+        kept_x = Signal(signed(14))
+        m.d.comb += kept_x.eq(Mux(round_x < FP32.emin - 23, FP32.emin - 23, round_x))
+        drop = Signal(signed(15))
+        m.d.comb += drop.eq(kept_x - base)
+        amount = Signal(range(width + 1))
+        m.d.comb += amount.eq(Mux(drop < 0, 0, Mux(drop > width, width, drop)))
+        kept = Signal(width)
+        m.d.comb += kept.eq(Mux(drop < 0, exact << (-drop).as_unsigned()[:7], exact >> amount))
+        below = Signal(range(width + 1))               # the guard bit's index
+        m.d.comb += below.eq(amount - 1)
+        guard = Signal()
+        rest = Signal()
+        m.d.comb += [guard.eq(Mux(amount == 0, 0, (exact >> below)[0])),
+                     rest.eq(lost | (Mux(amount <= 1, 0,
+                                         (exact & ((Const(1, width + 1) << below) - 1)) != 0)))]
+        rounded = Signal(26)
+        m.d.comb += rounded.eq(kept + (guard & (rest | kept[0])))
+        carry = rounded[24]
+        q = Signal(24)
+        q_x = Signal(signed(15))
+        m.d.comb += [q.eq(Mux(carry, rounded >> 1, rounded)), q_x.eq(kept_x + carry)]
+        biased = Signal(signed(15))
+        m.d.comb += biased.eq(q_x + 23 + FP32.bias)
+        code = Signal(32)
+        with m.If(q == 0):
+            m.d.comb += code.eq(0)
+        with m.Elif(~q[23]):                           # subnormal (q_x is the lowest)
+            m.d.comb += code.eq(Cat(q[:23], Const(0, 8), result_sign))
+        with m.Elif(biased > 254):
+            m.d.comb += code.eq(Cat(Const(FP32.max_code, 31), result_sign))
+        with m.Else():
+            m.d.comb += code.eq(Cat(q[:23], biased[:8], result_sign))
+        return code, a_nan | a_inf | b_nan | b_inf
 
 
 register(Block(
     name="fp_dot", family="fp", config=FpDotConfig, build=FpDot,
     figures=lambda cfg: {"beats_per_cycle": 1, "latency_cycles": 1,
                          "products_per_cycle": cfg.group},
-    summary="FP8/BF16 dot-product accumulation: g products a cycle, acc_frac truncation",
+    summary="FP8/BF16 dot product: g products a cycle, acc_frac truncation, FP32 promotion",
     demo_configs=({},),
     area_unit="product lane", area_units=lambda cfg: cfg.group,
     legend="beats per cycle, products per cycle",

@@ -1,10 +1,11 @@
-"""cocotb tests of ``fp_dot`` against ``golden.fp.accumulate``.
+"""cocotb tests of ``fp_dot`` against ``golden.fp.dot``.
 
-Every result is compared, in order, field by field (sign, mantissa, exponent, nan, inf,
-overflow) with the golden accumulator on the same codes; with every port ready the beats are
-taken one per cycle and each result leaves one edge after its dot product's last beat.
+Every result (an FP32 code) is compared, in order, with the golden dot product on the same
+codes and scales; with every port ready the beats are taken one per cycle and each result
+leaves one edge after its dot product's last beat.
 """
 
+import math
 import time
 
 import cocotb
@@ -39,25 +40,60 @@ class DotBench(StreamBench):
     def finite(self, code):
         return code if golden.components(code, self.fmt)[0] == "num" else 0
 
-    def send_dot(self, a, b):
-        """One dot product: ceil(n/g) beats, the last padded with zero codes."""
+    @property
+    def dot_config(self):
+        cfg = self.cfg
+        return golden.DotConfig(group=cfg.group, acc_frac=cfg.acc_frac,
+                                promote_every=cfg.promote_every)
+
+    def random_scale(self):
+        """An FP32 scale: often 1, sometimes extreme (zero, subnormal, the largest), else a
+        random one over a wide range."""
+        rng = self.rng
+        pick = rng.random()
+        if pick < 0.3:
+            return 1.0
+        if pick < 0.4:
+            return golden.decode(rng.choice([0, 1, 0x00800000, 0x7F7FFFFF, 0x80000001]), "fp32")
+        return golden.decode(golden.encode(rng.uniform(-4, 4) * 2.0 ** rng.randint(-40, 40),
+                                           "fp32"), "fp32")
+
+    def scales(self, count):
+        """One scale pair per 128 elements (one pair in all without promotion)."""
+        blocks = -(-count // 128)
+        if not self.cfg.promote_every:
+            return [self.random_scale()] * blocks, [self.random_scale()] * blocks
+        return ([self.random_scale() for _ in range(blocks)],
+                [self.random_scale() for _ in range(blocks)])
+
+    def send_dot(self, a, b, scale_a=None, scale_b=None):
+        """One dot product: ceil(n/g) beats, the last padded with zero codes; each beat carries
+        the scales of its 128-element block."""
         g = self.cfg.group
+        blocks = -(-len(a) // 128)
+        scale_a = scale_a or [1.0] * blocks
+        scale_b = scale_b or [1.0] * blocks
         for start in range(0, len(a), g):
             part_a, part_b = a[start:start + g], b[start:start + g]
             pad = [0] * (g - len(part_a))
             last = int(start + g >= len(a))
-            self.sources["inp"].send({"a": part_a + pad, "b": part_b + pad, "last": last})
+            block = start // 128
+            self.sources["inp"].send({"a": part_a + pad, "b": part_b + pad,
+                                      "scale_a": golden.encode(scale_a[block], "fp32"),
+                                      "scale_b": golden.encode(scale_b[block], "fp32"),
+                                      "last": last})
             self.last_flags.append(last)
             self.beats += 1
-        self.board.expect_payload(golden.accumulate(a, b, self.fmt, g, self.cfg.acc_frac))
+        self.board.expect_payload({"result": golden.dot(
+            a, b, self.fmt, self.fmt, self.dot_config, scale_a, scale_b)})
 
-    def random_dot(self, specials=False):
-        count = self.rng.randint(1, 4 * self.cfg.group)
+    def random_dot(self, specials=False, longest=None):
+        count = self.rng.randint(1, longest or max(4 * self.cfg.group, 300))
         a = [self.code() for _ in range(count)]
         b = [self.code() for _ in range(count)]
         if not specials:
             a, b = [self.finite(c) for c in a], [self.finite(c) for c in b]
-        self.send_dot(a, b)
+        self.send_dot(a, b, *self.scales(count))
 
     async def drain(self, gap=0.0, stall=0.0):
         slowdown = 1.0 / ((1.0 - pause_fraction(gap)) * (1.0 - pause_fraction(stall)))
@@ -76,11 +112,12 @@ class DotBench(StreamBench):
 @cocotb.test()
 @cocotb.parametrize((("gap", "stall"), STALL_PROFILES))
 async def test_random_dots(dut, gap, stall):
-    """Random dot products of 1..4g elements, finite and with specials, under valid gaps and
-    result stalls: every result equals the golden accumulator, in order; without stalls the
-    beats go back to back and each result leaves one edge after its last beat."""
+    """Random dot products of 1..max(4g, 300) elements with random scales per 128-element
+    block, finite and with specials, under valid gaps and result stalls: every result equals
+    the golden dot product, in order; without stalls the beats go back to back and each result
+    leaves one edge after its last beat."""
     bench = await start_bench(DotBench, dut, f"random:{gap}:{stall}", gap, stall)
-    for index in range(60):
+    for index in range(40):
         bench.random_dot(specials=index % 3 == 0)
     await bench.drain(gap, stall)
     bench.check()
@@ -96,7 +133,8 @@ async def test_random_dots(dut, gap, stall):
 async def test_edge_values(dut):
     """Signed zeros, subnormals times subnormals, the largest finite values (accumulated until
     the exponent saturates where the format reaches it), exact cancellation, NaN, infinity
-    times zero and infinities of both signs."""
+    times zero and infinities of both signs; scales that saturate the FP32 result, make it
+    subnormal or zero, and a NaN scale."""
     bench = await start_bench(DotBench, dut, "edges")
     fmt, g = bench.fmt, bench.cfg.group
     sign = 1 << (fmt.width - 1)
@@ -117,6 +155,10 @@ async def test_edge_values(dut):
                   ([inf, big], [one | sign, big])]            # -inf
     for a, b in cases:
         bench.send_dot(a, b)
+    blocks = -(-(3 * g + 1) // 128)
+    for scale in (golden.decode(0x7F7FFFFF, "fp32"), 2.0 ** -140, 0.0, -1.0, math.nan):
+        bench.send_dot([big] * (3 * g + 1), [one] * (3 * g + 1), [scale] * blocks,
+                       [scale if scale != 2.0 ** -140 else 1.0] * blocks)
     await bench.drain()
     bench.check()
     bench.stop()
@@ -125,12 +167,12 @@ async def test_edge_values(dut):
 @cocotb.test()
 async def test_small_products_after_a_large_one(dut):
     """The seed's mechanism: one large product, then many small ones that the acc_frac-bit
-    accumulator truncates (every result still equals the golden's, whatever it keeps)."""
+    accumulator truncates unless a promotion comes first (every result equals the golden's)."""
     bench = await start_bench(DotBench, dut, "crafted")
     fmt = bench.fmt
     large = golden.encode(min(256.0, fmt.max_finite), fmt)
     one = golden.encode(1.0, fmt)
-    for count in (2, 65, 4 * bench.cfg.group + 3):
+    for count in (2, 65, 4 * bench.cfg.group + 3, 300):
         bench.send_dot([large] + [one] * (count - 1), [large] + [one] * (count - 1))
         bench.send_dot([one] * (count - 1) + [large], [one] * (count - 1) + [large])
     await bench.drain()
@@ -162,7 +204,7 @@ async def test_throughput(dut):
     bench = await start_bench(DotBench, dut, "throughput")
     began, first_edge = time.perf_counter(), edge_now()
     while bench.beats < 10000:
-        bench.random_dot()
+        bench.random_dot(longest=4 * bench.cfg.group)
     await bench.drain()
     bench.check()
     taken = bench.sources["inp"].sent_edges

@@ -201,12 +201,13 @@ def test_tile_formats_reproduce_the_seeds_ranking():
 
 # --- block fp_dot -----------------------------------------------------------------------------
 
-# The defaults (E4M3, 32 products a beat, FP22); E5M2 with an odd group and the narrowest
-# accumulator (infinities, heavy truncation); BF16 one product a beat into an FP32-like one.
+# The defaults (E4M3, 32 products a beat, FP22, promoted every 128); E5M2 with an odd group,
+# the narrowest accumulator (infinities, heavy truncation) and no promotion until the end; BF16
+# one product a beat into an FP32-like accumulator, promoted every 64.
 SIM_CONFIGS = [
     {},
-    {"dtype": "fp8_e5m2", "group": 3, "acc_frac": 4},
-    {"dtype": "bf16", "group": 1, "acc_frac": 23},
+    {"dtype": "fp8_e5m2", "group": 3, "acc_frac": 4, "promote_every": 0},
+    {"dtype": "bf16", "group": 1, "acc_frac": 23, "promote_every": 64},
 ]
 COCOTB_TESTS = 8
 
@@ -222,6 +223,10 @@ def test_cocotb(params, simulator):
      "'fp8_e5m2', 'bf16'"),
     ({"group": 33}, "parameter 'group': got 33; allowed: an integer in 1..32"),
     ({"acc_frac": 3}, "parameter 'acc_frac': got 3; allowed: an integer in 4..24"),
+    ({"group": 32, "promote_every": 48}, "parameter 'promote_every': got 48; allowed: 0 or a "
+     "multiple of group (32) that divides 128 (one scale pair per partial sum)"),
+    ({"group": 3}, "parameter 'promote_every': got 128; allowed: 0 or a multiple of group (3) "
+     "that divides 128 (one scale pair per partial sum)"),
 ])
 def test_fp_dot_config_errors(params, message):
     with pytest.raises(ParamError) as info:
