@@ -388,7 +388,8 @@ register(Block(
     figures=lambda cfg: {"beats_per_cycle": 1, "latency_cycles": 1,
                          "products_per_cycle": cfg.group},
     summary="FP8/BF16 dot product: g products a cycle, acc_frac truncation, FP32 promotion",
-    demo_configs=({},),
+    # The cost trade-off seed 003 asks hardware to expose: formats and accumulator widths.
+    demo_configs=({}, {"acc_frac": 23}, {"dtype": "fp8_e5m2"}, {"dtype": "bf16"}),
     area_unit="product lane", area_units=lambda cfg: cfg.group,
     legend="beats per cycle, products per cycle",
 ))
