@@ -55,11 +55,15 @@ class FpDotConfig:
     promote_every : int
         Elements after which the partial sum, times its scales, is added into the FP32
         accumulator (0: only at the end; else a multiple of g dividing 128).
+    scale_format : str
+        ``fp32`` (32-bit scales, multiplied in) or ``e8m0`` (8-bit powers of two 2**(c-127),
+        255 = NaN: an exponent add, no multiplier).
     """
     dtype: str = choice_param("fp8_e4m3", ("fp8_e4m3", "fp8_e5m2", "bf16"), "operand format")
     group: int = int_param(32, 1, 32, "g, operand pairs per beat (aligned together)")
     acc_frac: int = int_param(13, 4, 24, "F, fraction bits of the accumulator")
     promote_every: int = int_param(128, 0, 128, "elements per promotion into FP32 (0: at the end)")
+    scale_format: str = choice_param("fp32", ("fp32", "e8m0"), "format of the scales")
 
     def __post_init__(self):
         validate(self)
@@ -68,6 +72,10 @@ class FpDotConfig:
             raise param_error("promote_every", self.promote_every,
                               f"0 or a multiple of group ({self.group}) that divides "
                               f"{SCALE_BLOCK} (one scale pair per partial sum)")
+
+    @property
+    def scale_bits(self):
+        return 32 if self.scale_format == "fp32" else 8
 
     @property
     def chunk_beats(self):
@@ -83,7 +91,8 @@ def input_layout(config):
     code = config.format.width
     return data.StructLayout({"a": data.ArrayLayout(code, config.group),
                               "b": data.ArrayLayout(code, config.group),
-                              "scale_a": 32, "scale_b": 32, "last": 1})
+                              "scale_a": config.scale_bits, "scale_b": config.scale_bits,
+                              "last": 1})
 
 
 def result_layout(config):
@@ -307,15 +316,24 @@ class FpDot(ConfiguredComponent):
                      lost.eq((full & ((Const(1, FIELD + width + 1) << amount) - 1)) != 0)]
         return value, lost
 
+    def _scale(self, m, code, name):
+        """A scale as ``(nan, inf, sign, mantissa, exponent of its last bit)``: an FP32 code,
+        or an E8M0 one (mantissa 1, exponent code - 127; 255 is NaN)."""
+        if self.config.scale_format == "fp32":
+            return self._operand(m, code, name, FP32)
+        exponent = Signal(signed(10), name=f"{name}_x")
+        m.d.comb += exponent.eq(Cat(code, Const(0, 2)).as_signed() - 127)
+        return code == 255, Const(0), Const(0), Const(1, 1), exponent
+
     def _promote(self, m, sign, mantissa, exponent, scale_a, scale_b, total):
         """The FP32 code of ``total`` + (-1)**sign * mantissa * 2**(exponent - F) * scale_a *
         scale_b, rounded to nearest even once (saturating, subnormals kept, zero positive);
         and whether a scale is NaN or infinite."""
         F = self.config.acc_frac
-        a_nan, a_inf, a_sign, a_m, a_x = self._operand(m, scale_a, "scale_a", FP32)
-        b_nan, b_inf, b_sign, b_m, b_x = self._operand(m, scale_b, "scale_b", FP32)
+        a_nan, a_inf, a_sign, a_m, a_x = self._scale(m, scale_a, "scale_a")
+        b_nan, b_inf, b_sign, b_m, b_x = self._scale(m, scale_b, "scale_b")
         _, _, t_sign, t_m, t_x = self._operand(m, total, "total", FP32)
-        product = Signal(F + 1 + 48)
+        product = Signal(F + 1 + len(a_m) + len(b_m))
         product_x = Signal(signed(14))
         m.d.comb += [product.eq(mantissa * a_m * b_m), product_x.eq(exponent - F + a_x + b_x)]
         product_sign = sign ^ a_sign ^ b_sign

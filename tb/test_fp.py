@@ -46,11 +46,22 @@ class DotBench(StreamBench):
         return golden.DotConfig(group=cfg.group, acc_frac=cfg.acc_frac,
                                 promote_every=cfg.promote_every)
 
+    def scale_code(self, value):
+        """The code of a scale value (E8M0: its exponent; NaN is 255)."""
+        if self.cfg.scale_format == "fp32":
+            return golden.encode(value, "fp32")
+        return 255 if math.isnan(value) else int(math.log2(value)) + 127
+
     def random_scale(self):
-        """An FP32 scale: often 1, sometimes extreme (zero, subnormal, the largest), else a
-        random one over a wide range."""
+        """A scale: often 1, sometimes extreme (FP32: zero, subnormal, the largest; E8M0: the
+        smallest and largest powers of two), else a random one over a wide range."""
         rng = self.rng
         pick = rng.random()
+        if self.cfg.scale_format == "e8m0":
+            if pick < 0.3:
+                return 1.0
+            code = rng.choice([0, 254]) if pick < 0.4 else rng.randint(127 - 40, 127 + 40)
+            return golden.e8m0_decode(code)
         if pick < 0.3:
             return 1.0
         if pick < 0.4:
@@ -79,8 +90,8 @@ class DotBench(StreamBench):
             last = int(start + g >= len(a))
             block = start // 128
             self.sources["inp"].send({"a": part_a + pad, "b": part_b + pad,
-                                      "scale_a": golden.encode(scale_a[block], "fp32"),
-                                      "scale_b": golden.encode(scale_b[block], "fp32"),
+                                      "scale_a": self.scale_code(scale_a[block]),
+                                      "scale_b": self.scale_code(scale_b[block]),
                                       "last": last})
             self.last_flags.append(last)
             self.beats += 1
@@ -156,9 +167,13 @@ async def test_edge_values(dut):
     for a, b in cases:
         bench.send_dot(a, b)
     blocks = -(-(3 * g + 1) // 128)
-    for scale in (golden.decode(0x7F7FFFFF, "fp32"), 2.0 ** -140, 0.0, -1.0, math.nan):
+    if bench.cfg.scale_format == "fp32":
+        extremes = (golden.decode(0x7F7FFFFF, "fp32"), 2.0 ** -140, 0.0, -1.0, math.nan)
+    else:
+        extremes = (2.0 ** 127, 2.0 ** -127, math.nan)
+    for scale in extremes:
         bench.send_dot([big] * (3 * g + 1), [one] * (3 * g + 1), [scale] * blocks,
-                       [scale if scale != 2.0 ** -140 else 1.0] * blocks)
+                       [scale if scale not in (2.0 ** -140, 2.0 ** -127) else 1.0] * blocks)
     await bench.drain()
     bench.check()
     bench.stop()

@@ -201,13 +201,13 @@ def test_tile_formats_reproduce_the_seeds_ranking():
 
 # --- block fp_dot -----------------------------------------------------------------------------
 
-# The defaults (E4M3, 32 products a beat, FP22, promoted every 128); E5M2 with an odd group,
-# the narrowest accumulator (infinities, heavy truncation) and no promotion until the end; BF16
-# one product a beat into an FP32-like accumulator, promoted every 64.
+# The defaults (E4M3, 32 products a beat, FP22, promoted every 128, FP32 scales); E5M2 with an
+# odd group, the narrowest accumulator (infinities, heavy truncation) and no promotion until
+# the end; BF16 one product a beat into the widest accumulator, promoted every 64, E8M0 scales.
 SIM_CONFIGS = [
     {},
     {"dtype": "fp8_e5m2", "group": 3, "acc_frac": 4, "promote_every": 0},
-    {"dtype": "bf16", "group": 1, "acc_frac": 23, "promote_every": 64},
+    {"dtype": "bf16", "group": 1, "acc_frac": 24, "promote_every": 64, "scale_format": "e8m0"},
 ]
 COCOTB_TESTS = 8
 
