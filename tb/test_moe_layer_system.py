@@ -13,6 +13,7 @@ from cocotb.triggers import ClockCycles, RisingEdge
 
 from golden import moe_layer as golden
 from golden import ndp as golden_ndp
+from golden.dram import Ddr4Stream
 from golden.fixed import signed_limits
 from tb.harness import load_dut_config, start_bench, write_throughput
 from tb.streams import STALL_PROFILES, StreamBench, edge_now, pause_fraction, wait_for
@@ -106,9 +107,11 @@ class LayerBench(StreamBench):
             free[leaf] -= 1
         return table
 
-    async def configure(self, model, weights=True):
+    async def configure(self, model, weights=True, dram=False):
         """Write the model: W_g, the gate table, the router's table, the activation table and
-        (``weights``) every expert into a slot of its chiplet."""
+        (``weights``) every expert into a slot of its chiplet; with ``dram`` each weight beat
+        is held back until a DDR4-3200 channel (``golden.dram``, Table I organization) reading
+        the weights in load order from this edge on could have delivered it."""
         cfg = self.cfg
         source = self.sources
         for d, row in enumerate(model.wg):
@@ -132,11 +135,19 @@ class LayerBench(StreamBench):
                       for _ in range(cfg.slots - model.placement.count(leaf))]
             used = [0] * cfg.leaves
             self.loaded_beats = 0
+            total_beats = len(loads) * shape.expert_beats
+            beat_bytes = -(-shape.weight_lanes * cfg.w_width // 8)
+            arrival = (Ddr4Stream(beat_bytes * total_beats).beat_ready_cycles(beat_bytes,
+                                                                              total_beats)
+                       if dram else [0] * total_beats)
+            start = edge_now()
             for leaf, expert, matrices in loads:
                 beats = golden.weight_beats(shape, *matrices)
                 for index, beat in enumerate(beats):
-                    source["weights"].send({"leaf": leaf, "slot": used[leaf], "expert": expert,
-                                            "data": beat, "last": int(index == len(beats) - 1)})
+                    source["weights"].send(
+                        {"leaf": leaf, "slot": used[leaf], "expert": expert, "data": beat,
+                         "last": int(index == len(beats) - 1)},
+                        start + arrival[self.loaded_beats + index] if dram else 0)
                 used[leaf] += 1
                 self.loaded_beats += len(beats)
         self.model = model
@@ -357,5 +368,20 @@ async def test_throughput(dut):
                "r": main["replication"], "weight_load_cycles": main["weight_load_cycles"]}
     if "clustered" in runs:
         metrics["r_clustered"] = runs["clustered"]["replication"]
+    # The cost of streaming the weights in first: the same batch with every expert's weights
+    # read from one DDR4-3200 channel just before it (round-robin placement).
+    bench.sources["weights"].sent_edges.clear()
+    began_load = edge_now() + 1
+    await bench.configure(dataclasses.replace(base, placement=bench.with_shared(
+        tables["round_robin"])), dram=True)
+    loads = bench.sources["weights"].sent_edges
+    bench.clear_counts()
+    bench.expected.clear()
+    bench.y.received.clear()
+    bench.send_tokens(tokens)
+    await bench.finish(_budget(bench, len(tokens)))
+    metrics["ddr4_weight_load_cycles"] = loads[-1] - began_load + 1
+    metrics["streamed_cycles"] = bench.y.received[-1][0] - began_load + 1
     write_throughput(metrics, f"a {count}-token balanced batch, weights resident, round-robin "
-                     "placement", edges / wall, placements=runs)
+                     "placement; streamed: the weights read from one DDR4-3200 channel first",
+                     edges / wall, placements=runs)
