@@ -22,7 +22,8 @@ from tb.codec import codec
 
 __all__ = ["CLOCK_PERIOD_NS", "STALL_PROFILES", "LONG_BURSTS", "ProtocolError", "Pauses",
            "RandomPauses", "BurstPauses", "PeriodicPauses", "pauses", "pause_fraction",
-           "start_clock", "reset_dut", "start_after_reset", "edge_now", "StreamSource",
+           "start_clock", "assert_lockstep", "reset_dut", "start_after_reset", "edge_now",
+           "StreamSource",
            "StreamMonitor", "StreamSink", "StreamBench", "JobBench", "InOrderScoreboard",
            "stream_layout", "Worker",
            "wait_for", "check_in_order"]
@@ -118,6 +119,24 @@ def start_clock(dut):
     # rising edge comes half a period after the reset that follows is applied: started high, its
     # time-0 edge came before `rst` was written and a test that ran alone saw one reset edge.
     Clock(dut.clk, CLOCK_PERIOD_NS, unit="ns", impl="gpi").start(start_high=False)
+    mismatch = getattr(dut, "mismatch", None)        # BLOCK_equiv: the --3d lockstep run
+    if mismatch is not None:
+        cocotb.start_soon(_watch_lockstep(mismatch))
+
+
+async def _watch_lockstep(mismatch):
+    """Fail the test the moment the 3D build's outputs differ from the 2D build's (the sticky
+    ``mismatch`` of :mod:`flows.threed`'s BLOCK_equiv), whatever the test checks itself."""
+    if mismatch.value != 1:
+        await RisingEdge(mismatch)
+    raise AssertionError(f"the 3D build's outputs differ from the 2D build's (edge {edge_now()})")
+
+
+def assert_lockstep(dut):
+    """Under --3d (the DUT is BLOCK_equiv): the 3D build never differed from the 2D build."""
+    mismatch = getattr(dut, "mismatch", None)
+    if mismatch is not None:
+        assert mismatch.value == 0, "the 3D build's outputs differ from the 2D build's"
 
 
 def edge_now():
@@ -447,9 +466,7 @@ class JobBench(StreamBench):
                        f"every {sink} beat out")
         await wait_for(self.dut, lambda: not self.dut.busy.value, 400, "block idle")
         await ClockCycles(self.dut.clk, 3)
-        mismatch = getattr(self.dut, "mismatch", None)
-        if mismatch is not None:
-            assert mismatch.value == 0, "the 3D build's outputs differ from the 2D build's"
+        assert_lockstep(self.dut)
 
     async def reset_mid_job(self, output):
         """Reset with the ports running (:meth:`StreamBench.reset`); check nothing survived on
