@@ -30,6 +30,7 @@ from amaranth.utils import ceil_log2
 
 from golden import fp as golden
 from hw.params import ConfiguredComponent, choice_param, int_param, param_error, validate
+from hw.pipeline import max_tree
 from hw.registry import Block, register
 
 __all__ = ["FpDotConfig", "FpDot", "input_layout", "result_layout"]
@@ -107,22 +108,6 @@ def _leading_one(m, value, name):
         with m.If(value[bit]):
             m.d.comb += index.eq(bit)
     return index
-
-
-def _max_tree(m, values, name):
-    """The largest of signed ``values`` through named pairwise stages."""
-    level = 0
-    while len(values) > 1:
-        merged = []
-        for i in range(0, len(values) - 1, 2):
-            stage = Signal(signed(ACC_EXPONENT_BITS + 2), name=f"{name}_{level}_{i // 2}")
-            left, right = values[i], values[i + 1]
-            m.d.comb += stage.eq(Mux(left > right, left, right))
-            merged.append(stage)
-        if len(values) % 2:
-            merged.append(values[-1])
-        values, level = merged, level + 1
-    return values[0]
 
 
 class FpDot(ConfiguredComponent):
@@ -210,7 +195,7 @@ class FpDot(ConfiguredComponent):
         held_e = Signal(signed(E))
         m.d.comb += held_e.eq(Mux(held_m == 0, emin, acc_e))
         largest = Signal(signed(E))
-        m.d.comb += largest.eq(_max_tree(m, [top for *_, top in products] + [held_e,
+        m.d.comb += largest.eq(max_tree(m, [top for *_, top in products] + [held_e,
                                                                             Const(emin, signed(E))],
                                          "align"))
 

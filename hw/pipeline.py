@@ -1,14 +1,14 @@
 """Helpers shared by pipelined blocks: stall-able registers, the output queue, lane layouts."""
 
 
-from amaranth.hdl import Const, Mux, Signal, signed
+from amaranth.hdl import Const, Mux, Signal, Value, signed
 from amaranth.lib import data
 from amaranth.lib.fifo import SyncFIFO
 
 from golden.fixed import signed_limits
 
 __all__ = ["StallPipe", "OutputQueue", "OUT_FIFO_DEPTH", "lanes_layout", "saturate", "select",
-           "or_tree", "requant"]
+           "or_tree", "max_tree", "requant"]
 
 # Depth of an output queue. Two entries suffice for full throughput: a pipeline writes at most
 # one beat per cycle and a ready consumer reads one per cycle, so the level never exceeds one.
@@ -22,6 +22,25 @@ def lanes_layout(count, width, *, is_signed=True):
     """
     shape = signed(width) if is_signed else width
     return data.StructLayout({"data": data.ArrayLayout(shape, count), "last": 1})
+
+
+def max_tree(m, values, name):
+    """The largest of ``values`` (one shape) through named pairwise stages, depth
+    ceil(log2 n). Signals, not a nested expression: ``Mux(x > y, x, y)`` reads x twice, so a
+    nested one doubles at every level (Amaranth's checks then take minutes)."""
+    shape = Value.cast(values[0]).shape()
+    level = 0
+    while len(values) > 1:
+        merged = []
+        for i in range(0, len(values) - 1, 2):
+            stage = Signal(shape, name=f"{name}_{level}_{i // 2}")
+            left, right = values[i], values[i + 1]
+            m.d.comb += stage.eq(Mux(left > right, left, right))
+            merged.append(stage)
+        if len(values) % 2:
+            merged.append(values[-1])
+        values, level = merged, level + 1
+    return values[0]
 
 
 def saturate(value, width):

@@ -24,7 +24,7 @@ from amaranth.utils import ceil_log2, exact_log2
 
 from golden import pmu as golden
 from hw.params import ConfiguredComponent, TieredComponent, int_param, param_error, validate
-from hw.pipeline import OutputQueue
+from hw.pipeline import OutputQueue, max_tree
 from hw.registry import Block, register
 
 __all__ = ["PMUConfig", "PMU", "AddressGenerator", "ScratchpadBanks", "banks_signature",
@@ -275,14 +275,7 @@ class AddressGenerator(ConfiguredComponent):
             rank = sum(same, Const(0, self._rank_bits)) if same else Const(0, self._rank_bits)
             m.d.comb += self.lane_rank[v].eq(rank)
             ranks.append(Mux(self.lane_valid[v], self.lane_rank[v], 0))
-        # Running maximum through named signals: Mux(x > y, x, y) uses x twice, so a nested
-        # expression would grow as 2^V (cols=16 took minutes to elaborate).
-        largest = ranks[0]
-        for v, rank in enumerate(ranks[1:], 1):
-            stage = Signal(self._rank_bits, name=f"rank_max{v}")
-            m.d.comb += stage.eq(Mux(largest > rank, largest, rank))
-            largest = stage
-        m.d.comb += self.cost.eq(largest + 1)
+        m.d.comb += self.cost.eq(max_tree(m, ranks, "rank_max") + 1)
         return m
 
 

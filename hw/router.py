@@ -39,13 +39,13 @@ from amaranth.lib import data, stream
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-PARALLEL_MAX_EXPERTS = 64       # the pipeline's size grows as E * (k + M): past 64, scan
-
 from golden import router as golden
 from hw.params import ConfiguredComponent, int_param, param_error, validate
 from hw.registry import Block, register
 
 __all__ = ["RouterConfig", "TopKRouter"]
+
+PARALLEL_MAX_EXPERTS = 64       # the pipeline's size grows as E * (k + M): past 64, scan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +209,23 @@ class TopKRouter(ConfiguredComponent):
                     m.d.sync += leaf_of[e].eq(self.table.payload.leaf)
         return leaf_of
 
+    def _leaf_mask(self, m, leaf_of, experts):
+        """The destination mask of ``experts``: bit ``leaf_of[e]`` for each (k table reads)."""
+        leaves = self.config.leaves
+        leaf_bits = []
+        # An explicit compare per expert, not Array(leaf_of)[expert]: with the Array read,
+        # Yosys 0.70's ABC9 (yowasp build) exits without a message on the default router.
+        for i, expert in enumerate(experts):
+            leaf = Signal(len(self.table.payload.leaf), name=f"leaf{i}")
+            for e in range(self.config.experts):
+                with m.If(expert == e):
+                    m.d.comb += leaf.eq(leaf_of[e])
+            leaf_bits.append(Const(1, leaves) << leaf)
+        mask = leaf_bits[0]
+        for bits in leaf_bits[1:]:
+            mask = mask | bits
+        return mask[:leaves]
+
     def elaborate(self, platform):
         m = Module()
         cfg = self.config
@@ -295,21 +312,10 @@ class TopKRouter(ConfiguredComponent):
                                                    eligible & ~onehot)
 
         # Output stage: the destination mask from the table as it stands at this edge.
-        leaf_bits = []
-        # An explicit compare per expert, not Array(leaf_of)[expert]: with the Array read,
-        # Yosys 0.70's ABC9 (yowasp build) exits without a message on the default router.
-        for i, expert in enumerate(chosen_index):
-            leaf = Signal(len(self.table.payload.leaf), name=f"leaf{i}")
-            for e in range(E):
-                with m.If(expert == e):
-                    m.d.comb += leaf.eq(leaf_of[e])
-            leaf_bits.append(Const(1, cfg.leaves) << leaf)
-        mask = leaf_bits[0]
-        for bits in leaf_bits[1:]:
-            mask = mask | bits
+        mask = self._leaf_mask(m, leaf_of, chosen_index)
         out = self.route.payload
         with m.If(enable):
-            m.d.sync += [out_valid.eq(valid), out.token.eq(token), out.mask.eq(mask[:cfg.leaves]),
+            m.d.sync += [out_valid.eq(valid), out.token.eq(token), out.mask.eq(mask),
                          *[out.expert[i].eq(v) for i, v in enumerate(chosen_index)],
                          *[out.score[i].eq(v) for i, v in enumerate(chosen_score)]]
         m.d.comb += self.route.valid.eq(out_valid)
@@ -437,14 +443,7 @@ class TopKRouter(ConfiguredComponent):
 
         # Output register, loaded at the final pick: the mask from the table as it stands.
         experts = [c.expert for c in chosen] + [pick.expert]
-        mask = Const(0, cfg.leaves)
-        for i, expert in enumerate(experts):
-            leaf = Signal(len(self.table.payload.leaf), name=f"leaf{i}")
-            with m.Switch(expert):
-                for e in range(E):
-                    with m.Case(e):
-                        m.d.comb += leaf.eq(leaf_of[e])
-            mask = mask | (Const(1, cfg.leaves) << leaf)[:cfg.leaves]
+        mask = self._leaf_mask(m, leaf_of, experts)
         out = self.route.payload
         with m.If(self.route.ready):
             m.d.sync += out_valid.eq(0)
