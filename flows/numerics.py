@@ -14,9 +14,10 @@ after fine-grained scaling), max and mean over the trials; ``crafted``, one prod
 followed by K - 1 products of 1 * 1, which a 13-bit accumulator at exponent 16 drops entirely.
 
 A second table (seed 003 §3.2) compares the formats for transmitting activations: per 1 x 128
-tile, the relative error of LogFMT-8 and LogFMT-10 (``golden.fp.logfmt_encode``), E4M3 and E5M2
-with one scale per tile (the tile's largest magnitude onto the format's largest finite value),
-and BF16, on Gaussian and heavy-tailed (Student t, 2 degrees of freedom) tiles.
+tile, the relative error of LogFMT-8 and LogFMT-10 as the codec blocks compute them
+(``golden.logfmt``, on the tile cast to BF16) and as the float64 rule (``golden.fp``), E4M3 and
+E5M2 with one scale per tile (the tile's largest magnitude onto the format's largest finite
+value), and BF16, on Gaussian and heavy-tailed (Student t, 2 degrees of freedom) tiles.
 """
 
 import json
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from flows.reports import table
-from golden import fp
+from golden import fp, logfmt
 
 __all__ = ["LENGTHS", "MODES", "error_table", "format_table", "plot", "run", "TILE_FORMATS",
            "tile_error_table", "format_tile_table"]
@@ -106,14 +107,22 @@ def plot(rows, path):
 
 
 TILE = 128
-TILE_FORMATS = ("LogFMT-8", "LogFMT-10", "fp8_e4m3", "fp8_e5m2", "bf16")
+TILE_FORMATS = ("LogFMT-8", "LogFMT-10", "LogFMT-8 float64", "LogFMT-10 float64", "fp8_e4m3",
+                "fp8_e5m2", "bf16")
 
 
 def _round_trip(tile, name):
-    """The tile after encoding in ``name`` and decoding (FP8: one scale per tile)."""
+    """The tile after encoding in ``name`` and decoding. ``LogFMT-n``: the codec blocks
+    (``golden.logfmt``, fixed point) on the tile cast to BF16, their input format;
+    ``LogFMT-n float64``: the rule in float64 (``golden.fp.logfmt_encode``); FP8: one scale per
+    tile (its largest magnitude onto the format's largest finite value)."""
+    if name.endswith(" float64"):
+        bits = int(name.split()[0].split("-")[1])
+        return fp.logfmt_decode(*fp.logfmt_encode(tile, bits), bits)
     if name.startswith("LogFMT-"):
         bits = int(name.split("-")[1])
-        return fp.logfmt_decode(*fp.logfmt_encode(tile, bits), bits)
+        codes, params = logfmt.encode_tile([fp.encode(v, "bf16") for v in tile], bits)
+        return [fp.decode(code, "bf16") for code in logfmt.decode_tile(codes, params, bits)]
     if name == "bf16":
         return [fp.decode(fp.encode(v, name), name) for v in tile]
     scale = max(abs(v) for v in tile) / fp.FORMATS[name].max_finite
@@ -155,7 +164,9 @@ def run(output, trials=16, seed=1, tiles=200):
     print()
     print(format_tile_table(tile_rows))
     print(f"mean (and max) relative error of every nonzero element of {tiles} 1x{TILE} tiles; "
-          "FP8 with one scale per tile (largest magnitude onto the largest finite value)")
+          "LogFMT-n: the logfmt_encoder/decoder blocks (BF16 in and out); float64: the rule "
+          "with exact logarithms; FP8 with one scale per tile (largest magnitude onto the "
+          "largest finite value)")
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     (output / "fp8_accumulation.json").write_text(json.dumps(rows, indent=1))

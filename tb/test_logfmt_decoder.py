@@ -1,0 +1,150 @@
+"""cocotb tests of ``logfmt_decoder`` against ``golden.logfmt.decode_code``.
+
+Every output beat (BF16 codes, ``last``) is compared in order with the golden decoding of the
+beat that went in; with every port ready the beats go one a cycle and each leaves one edge after
+it was taken.
+"""
+
+import time
+
+import cocotb
+from cocotb.triggers import ClockCycles
+
+from golden import logfmt as golden
+from tb.harness import start_bench, write_throughput
+from tb.logfmt_tiles import EDGE_KINDS, KINDS, random_tile
+from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, assert_lockstep,
+                        edge_now, pause_fraction, reset_dut, wait_for)
+
+LO_BITS, STEP_BITS = 25, 23                  # the port's fields (docs/blocks/logfmt.md)
+
+
+class DecoderBench(StreamBench):
+    """A source on ``inp``, a sink on ``out``, the golden beats in order."""
+
+    def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
+        super().__init__(dut, component, rng, ("inp",), ("out",), gap, stall)
+        self.cfg = config
+        self.board = InOrderScoreboard("out", component.out.payload.shape())
+        self.beats = 0
+
+    def send(self, codes, params, last):
+        bits = self.cfg.bits
+        self.sources["inp"].send({"codes": codes, "lo": params.lo, "step": params.step,
+                                  "nan": int(params.nan), "last": int(last)})
+        self.board.expect_payload({"data": [golden.decode_code(c, params, bits) for c in codes],
+                                   "last": int(last)})
+        self.beats += 1
+
+    def encoded_tile(self, kinds=KINDS + EDGE_KINDS):
+        """A tile of 128 elements through the golden encoder, in rows of ``lanes`` codes."""
+        lanes, bits = self.cfg.lanes, self.cfg.bits
+        size = -(-128 // lanes) * lanes
+        codes, params = golden.encode_tile(random_tile(self.rng, size, self.rng.choice(kinds)),
+                                           bits)
+        for start in range(0, size, lanes):
+            self.send(codes[start:start + lanes], params, start + lanes == size)
+
+    def random_beat(self):
+        """Any codes with any lo and step the ports can carry: the exponent far above and below
+        BF16's range (saturation, subnormals, zero), a NaN flag now and then."""
+        rng, bits = self.rng, self.cfg.bits
+        params = golden.TileParams(
+            lo=rng.randrange(-(1 << (LO_BITS - 1)), 1 << (LO_BITS - 1)),
+            step=rng.choice([0, 1, rng.randrange(1 << STEP_BITS), (1 << STEP_BITS) - 1]),
+            nan=rng.random() < 0.05)
+        codes = [rng.randrange(1 << bits) for _ in range(self.cfg.lanes)]
+        self.send(codes, params, rng.random() < 0.2)
+
+    async def drain(self, gap=0.0, stall=0.0):
+        slowdown = 1.0 / ((1.0 - pause_fraction(gap)) * (1.0 - pause_fraction(stall)))
+        await wait_for(self.dut, lambda: len(self.sinks["out"].received) ==
+                       len(self.board.expected), int(3 * self.beats * slowdown) + 400,
+                       "every beat out")
+        await ClockCycles(self.dut.clk, 3)
+        assert_lockstep(self.dut)
+
+    def check(self, timed=False):
+        self.board.check(self.sinks["out"])
+        if timed:
+            taken = self.sources["inp"].sent_edges
+            got = [edge for edge, _ in self.sinks["out"].received]
+            assert got == [edge + 1 for edge in taken], "a beat did not leave one edge later"
+
+
+@cocotb.test()
+@cocotb.parametrize((("gap", "stall"), STALL_PROFILES))
+async def test_random_beats(dut, gap, stall):
+    """Encoded tiles of every kind and arbitrary beats (any lo, step and codes), under valid
+    gaps and output stalls: every beat as the golden's, in order; one edge of latency when the
+    consumer is always ready."""
+    bench = await start_bench(DecoderBench, dut, f"random:{gap}:{stall}", gap, stall)
+    for _ in range(12):
+        bench.encoded_tile()
+        for _ in range(40):
+            bench.random_beat()
+    await bench.drain(gap, stall)
+    bench.check(timed=stall == 0.0)
+    bench.stop()
+
+
+@cocotb.test()
+async def test_edge_values(dut):
+    """Every code at the top and bottom of the exponent range: the largest finite value and the
+    saturation above it, the subnormals and their rounding to nearest even, the smallest normal
+    reached by rounding, zero codes of both signs, a NaN tile."""
+    bench = await start_bench(DecoderBench, dut, "edges")
+    bits, lanes = bench.cfg.bits, bench.cfg.lanes
+    levels = (1 << (bits - 1)) - 1
+    codes = list(range(1 << bits))
+    steps = (0, 1, 1 << 16, 1 << 20, (1 << STEP_BITS) - 1)
+    los = (127 << 16, 128 << 16, -126 << 16, -133 << 16, -134 << 16, -(1 << (LO_BITS - 1)),
+           (1 << (LO_BITS - 1)) - 1, (-126 << 16) - (1 << 15), -130 << 16)
+    for lo in los:
+        for step in steps:
+            params = golden.TileParams(lo, step, False)
+            for start in range(0, len(codes), lanes):
+                row = (codes[start:start + lanes] + [levels] * lanes)[:lanes]
+                bench.send(row, params, start + lanes >= len(codes))
+    bench.send(([0, 1 << (bits - 1)] * lanes)[:lanes],
+               golden.TileParams(0, 0, False), True)
+    bench.send([1] * lanes, golden.TileParams(0, 0, True), True)
+    await bench.drain()
+    bench.check(timed=True)
+    bench.stop()
+
+
+@cocotb.test()
+async def test_reset_mid_stream(dut):
+    """Reset with beats in flight and the output stalled: afterwards only new beats come out."""
+    bench = await start_bench(DecoderBench, dut, "reset", 0.2, 0.5)
+    for _ in range(30):
+        bench.random_beat()
+    await ClockCycles(dut.clk, 12)
+    bench.stop()
+    await reset_dut(dut)
+    bench = await start_bench(DecoderBench, dut, "after-reset", 0.2, 0.5)
+    for _ in range(3):
+        bench.encoded_tile()
+    await bench.drain(0.2, 0.5)
+    bench.check()
+    bench.stop()
+
+
+@cocotb.test()
+async def test_throughput(dut):
+    """Elements per cycle at saturation over at least 10k cycles: ``lanes``."""
+    bench = await start_bench(DecoderBench, dut, "throughput")
+    began, first_edge = time.perf_counter(), edge_now()
+    while bench.beats < 10000:
+        bench.encoded_tile(("gaussian",))
+    await bench.drain()
+    bench.check(timed=True)
+    taken = bench.sources["inp"].sent_edges
+    beats_per_cycle = len(taken) / (taken[-1] - taken[0] + 1)
+    assert beats_per_cycle == 1.0
+    write_throughput({"elements_per_cycle": beats_per_cycle * bench.cfg.lanes,
+                      "latency_cycles": 1},
+                     "LogFMT codes decoded to BF16 per cycle, every port ready",
+                     (edge_now() - first_edge) / (time.perf_counter() - began))
+    bench.stop()
