@@ -29,7 +29,7 @@ import dataclasses
 import math
 from fractions import Fraction
 
-__all__ = ["Format", "FORMATS", "decode", "encode", "components", "e8m0_decode",
+__all__ = ["Format", "FORMATS", "decode", "encode", "components", "e8m0_decode", "add",
            "DotConfig", "dot", "exact_dot", "logfmt_encode", "logfmt_decode"]
 
 
@@ -154,6 +154,27 @@ def encode(value, fmt):
         return sign | int(rounded / Fraction(2) ** (fmt.emin - fmt.man_bits))
     man = int(rounded / Fraction(2) ** (e - fmt.man_bits)) - (1 << fmt.man_bits)
     return sign | ((e + fmt.bias) << fmt.man_bits) | man
+
+
+def add(a, b, fmt):
+    """The code of a + b for two codes of an IEEE-style format, rounded once under the cast rule
+    (nearest even, subnormals kept, a finite sum past the largest finite value saturates).
+    A NaN operand or infinities of both signs give the canonical NaN (sign bit 0); otherwise an
+    infinity gives itself. An exact zero sum is +0, except -0 + -0 = -0."""
+    fmt = _format(fmt)
+    kind_a, sign_a, m_a, x_a = components(a, fmt)
+    kind_b, sign_b, m_b, x_b = components(b, fmt)
+    if "nan" in (kind_a, kind_b) or (kind_a == kind_b == "inf" and sign_a != sign_b):
+        return fmt.canonical_nan
+    if kind_a == "inf":
+        return a
+    if kind_b == "inf":
+        return b
+    total = (-1) ** sign_a * Fraction(m_a) * Fraction(2) ** x_a + \
+        (-1) ** sign_b * Fraction(m_b) * Fraction(2) ** x_b
+    if total == 0:
+        return (1 << (fmt.width - 1)) if (sign_a and sign_b) else 0
+    return encode(total, fmt)
 
 
 def e8m0_decode(code):

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from golden import fp
 from golden.fixed import wrap
 
 __all__ = ["DISPATCH_HOP_CYCLES", "COMBINE_HOP_CYCLES", "leaf_count", "internal_links",
@@ -74,8 +75,8 @@ def forwarding_root_flits(packets):
     return sum(bin(p["mask"]).count("1") * len(p["flits"]) for p in packets)
 
 
-def combine(packets, leaf_output, acc_width):
-    """The combined packet of every token: lane-wise wrapping sum of its leaves' returns.
+def combine(packets, leaf_output, acc_width, combine_dtype="int", fanouts=None):
+    """The combined packet of every token: lane-wise sum of its leaves' returns.
 
     Parameters
     ----------
@@ -87,12 +88,22 @@ def combine(packets, leaf_output, acc_width):
         sees it flags ``error``).
     acc_width : int
         Width of the sums.
+    combine_dtype : str
+        ``int``: wrapping integer sums (any order gives the same). ``bf16`` or ``fp32``: the
+        lanes are codes of the format (``acc_width`` 16 or 32) and each switch adds its
+        contributing children in child order, ((c0 + c1) + c2) + ..., rounding every addition
+        (:func:`golden.fp.add`); a switch none of whose owed children contributes sends +0.
+    fanouts : tuple of int
+        The tree (root level first); needed for the floating-point order.
 
     Returns
     -------
     list of list of list of int
         Per packet, its combined flits (as many as the packet has).
     """
+    if combine_dtype != "int":
+        return [_float_combine(packet, leaf_output, combine_dtype, tuple(fanouts))
+                for packet in packets]
     out = []
     for packet in packets:
         mask = packet["mask"]
@@ -104,6 +115,33 @@ def combine(packets, leaf_output, acc_width):
                 total = total + np.array(returned, dtype=object)
         out.append([[wrap(v, acc_width) for v in flit] for flit in total.tolist()])
     return out
+
+
+def _float_combine(packet, leaf_output, dtype, fanouts):
+    """One packet's combine in a floating-point format, switch by switch (see :func:`combine`)."""
+    length, lanes = len(packet["flits"]), len(packet["flits"][0])
+
+    def subtree(level, first_leaf):
+        """The flits a subtree sends up, or None when the packet does not reach it or (a leaf)
+        its return is dropped."""
+        leaves = leaf_count(fanouts[level:])
+        if not _subtree_hit(packet["mask"], first_leaf, leaves):
+            return None
+        if level == len(fanouts):
+            returned = leaf_output(first_leaf, packet)
+            return returned if len(returned) == length else None
+        span = leaves // fanouts[level]
+        total = None
+        for child in range(fanouts[level]):
+            part = subtree(level + 1, first_leaf + child * span)
+            if part is None:
+                continue
+            total = part if total is None else [
+                [fp.add(x, y, dtype) for x, y in zip(row, other)]
+                for row, other in zip(total, part)]
+        return total if total is not None else [[0] * lanes for _ in range(length)]
+
+    return subtree(0, 0)
 
 
 def replication(masks):

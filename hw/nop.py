@@ -17,8 +17,9 @@ towards the leaves) and ``up`` (combine, towards the root).
   that child's own buffer (one memory per child, so every child link takes 1 flit per cycle and
   the switch never back-pressures a child). When every owed child has returned its packet the
   slot is emitted upward as one packet whose lanes are the lane-wise sums (wrapping at
-  ``acc_width``), 1 flit per cycle; the slot is then free. Completed slots leave in round-robin
-  order, so returns may come in any order.
+  ``acc_width``; or, with ``combine_dtype`` bf16/fp32, BF16/FP32 codes added in child order and
+  rounded at every addition, seed 003 §6.5's BF16 combine), 1 flit per cycle; the slot is then
+  free. Completed slots leave in round-robin order, so returns may come in any order.
 """
 
 import dataclasses
@@ -29,14 +30,25 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from golden import fp
 from golden import nop as golden
-from hw.params import ConfiguredComponent, int_list_param, int_param, param_error, validate
+from hw.fparith import fp_add
+from hw.params import (ConfiguredComponent, choice_param, int_list_param, int_param, param_error,
+                       validate)
 from hw.registry import Block, register
 
 __all__ = ["FlitParams", "NopConfig", "NopSwitchConfig", "NopSwitch", "NopTree", "down_layout",
            "up_layout"]
 
 MAX_LEAVES = 64
+
+
+def _check_combine(config):
+    if config.combine_dtype != "int":
+        width = fp.FORMATS[config.combine_dtype].width
+        if config.acc_width != width:
+            raise param_error("acc_width", config.acc_width,
+                              f"{width} with combine_dtype {config.combine_dtype} (its codes)")
 
 
 def _check_leaves(fanouts):
@@ -64,6 +76,11 @@ class FlitParams:
         P, the longest packet in flits (1..64).
     max_inflight : int
         Tokens a switch tracks between dispatch and combine (1..64).
+    combine_dtype : str
+        ``int`` (wrapping signed sums), ``bf16`` or ``fp32`` (the combine lanes are codes of the
+        format, ``acc_width`` its width; each switch adds its children in child order, rounding
+        every addition to nearest even). Dispatch lanes are carried bit for bit either way
+        (FP8 codes ride in ``data_width`` = 8).
     """
     lanes: int = int_param(4, 1, 64, "data elements per flit")
     data_width: int = int_param(8, 1, 32, "bits per dispatched element (signed)")
@@ -72,9 +89,12 @@ class FlitParams:
     max_flits: int = int_param(4, 1, 64, "P, longest packet in flits")
     # 6 slots x 4 flits cover the default 2-level tree's round trip (19 cycles): 1 flit/cycle.
     max_inflight: int = int_param(6, 1, 64, "tokens a switch tracks between dispatch and combine")
+    combine_dtype: str = choice_param("int", ("int", "bf16", "fp32"),
+                                      "combine lanes: wrapping integers, BF16 or FP32 codes")
 
     def __post_init__(self):
         validate(self)
+        _check_combine(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +116,7 @@ class NopConfig(FlitParams):
 
     def __post_init__(self):
         validate(self)
+        _check_combine(self)
         _check_leaves(self.fanouts)
 
     @property
@@ -134,11 +155,17 @@ def down_layout(config):
     })
 
 
+def _combine_dtype(config):
+    return getattr(config, "combine_dtype", "int")
+
+
 def up_layout(config):
-    """Combine flit: ``token``, ``data`` lanes (``acc_width``), ``last``."""
+    """Combine flit: ``token``, ``data`` lanes (``acc_width``: signed integers, or the codes of
+    ``combine_dtype``), ``last``."""
+    lane = signed(config.acc_width) if _combine_dtype(config) == "int" else config.acc_width
     return data.StructLayout({
         "token": config.token_width,
-        "data": data.ArrayLayout(signed(config.acc_width), config.lanes),
+        "data": data.ArrayLayout(lane, config.lanes),
         "last": 1,
     })
 
@@ -280,7 +307,7 @@ class NopSwitch(ConfiguredComponent):
                         m.d.sync += [dispatched[s].eq(1), flits[s].eq(kept_count)]
 
         # --- combine: per-child buffers written at (slot, flit index) ---
-        acc_layout = data.ArrayLayout(signed(cfg.acc_width), cfg.lanes)
+        acc_layout = up_layout(cfg).members["data"]
         read_ports = []
         emit_slot = Signal(range(slots))
         emit_index = Signal(range(P))
@@ -356,13 +383,33 @@ class NopSwitch(ConfiguredComponent):
                                  busy_index.eq(emit_index + 1)]
         # The read data holds while the output waits (read enable = advance).
         for lane in range(cfg.lanes):
-            total = Const(0, signed(cfg.acc_width))
-            for child, read in enumerate(read_ports):
-                total = total + Mux(out_owed[child], read.data[lane], 0)
+            if cfg.combine_dtype == "int":
+                total = Const(0, signed(cfg.acc_width))
+                for child, read in enumerate(read_ports):
+                    total = total + Mux(out_owed[child], read.data[lane], 0)
+            else:
+                total = self._float_sum(m, [read.data[lane] for read in read_ports], out_owed,
+                                        f"lane{lane}")
             m.d.comb += self.up_out.payload.data[lane].eq(total)
         m.d.comb += [self.up_out.valid.eq(out_full), self.up_out.payload.token.eq(out_token),
                      self.up_out.payload.last.eq(out_last)]
         return m
+
+
+    def _float_sum(self, m, values, used, name):
+        """((c0 + c1) + c2) + ... over the children in ``used``, each addition rounded
+        (``hw.fparith.fp_add``); +0 when none is used."""
+        fmt = fp.FORMATS[self.config.combine_dtype]
+        total, any_used = Const(0, fmt.width), Const(0)
+        for child, value in enumerate(values):
+            step = Signal(fmt.width, name=f"{name}_sum{child}")
+            if child == 0:
+                m.d.comb += step.eq(Mux(used[child], value, total))
+            else:
+                added = fp_add(m, total, value, fmt, f"{name}_add{child}")
+                m.d.comb += step.eq(Mux(used[child], Mux(any_used, added, value), total))
+            total, any_used = step, any_used | used[child]
+        return total
 
 
 class NopTree(ConfiguredComponent):

@@ -8,6 +8,7 @@ Every check compares against the golden model: the packets each leaf received, t
 packet of every token (exactly once), and the flits counted on every link.
 """
 
+import random
 import time
 
 import cocotb
@@ -15,6 +16,7 @@ from cocotb.triggers import ClockCycles, RisingEdge
 
 from golden import placement
 from golden import fixed
+from golden import fp
 from golden import nop as golden
 from golden import router as golden_router
 from tb.harness import load_dut_config, make_rng, write_throughput
@@ -24,11 +26,39 @@ from tb.streams import (STALL_PROFILES, StreamBench, edge_now, reset_dut, start_
 TRACE_K = 2          # experts per token of the synthetic placement trace
 
 
-def leaf_output(leaf, packet):
+def leaf_output(leaf, packet, combine_dtype="int"):
     """What leaf ``leaf`` returns for ``packet``: its experts' weighted output, modelled as
-    ``data * (leaf + 1) + token - flit``, exact integers (the switch wraps the sums)."""
+    ``data * (leaf + 1) + token - flit``, exact integers (the switch wraps the sums); in a
+    floating-point combine, :func:`float_lane` codes."""
+    if combine_dtype != "int":
+        return [[float_lane(leaf, packet["token"], index, lane, value, combine_dtype)
+                 for lane, value in enumerate(flit)]
+                for index, flit in enumerate(packet["flits"])]
     return [[value * (leaf + 1) + packet["token"] - index for value in flit]
             for index, flit in enumerate(packet["flits"])]
+
+
+def float_lane(leaf, token, index, lane, value, dtype):
+    """A BF16/FP32 code, a function of where it goes (reproducible): mostly values within 2**24
+    of a per-lane scale (alignment, carries, near-cancellation), some the exact negative of the
+    lane's first leaf's (cancellation to +0), and rarely a special: signed zero, the largest
+    finite (a sum saturates), the smallest subnormal and normal, infinity, NaN."""
+    fmt = fp.FORMATS[dtype]
+    sign = 1 << (fmt.width - 1)
+    where = f"{token}:{index}:{lane}:{value}"
+    shared = random.Random(where)
+    rng = random.Random(f"{leaf}:{where}")
+    scale = shared.randint(-140, 120)
+    base = fp.encode(shared.uniform(1, 2) * 2.0 ** scale, dtype) | shared.choice([0, sign])
+    pick = rng.random()
+    if pick < 0.03:
+        infinity = ((1 << fmt.exp_bits) - 1) << fmt.man_bits
+        return rng.choice([0, sign, fmt.max_code, 1, 1 << fmt.man_bits, infinity,
+                           fmt.canonical_nan]) | rng.choice([0, sign])
+    if pick < 0.15:
+        return base ^ (sign if leaf % 2 else 0)
+    value = rng.uniform(1, 2) * 2.0 ** (scale + rng.randint(-24, 3))
+    return fp.encode(-value if rng.random() < 0.5 else value, dtype)
 
 
 class TreeBench(StreamBench):
@@ -128,9 +158,10 @@ class TreeBench(StreamBench):
     def returned(self, leaf, packet):
         """What ``leaf`` returns for ``packet``: :func:`leaf_output`, cut short or padded with
         extra flits where a test set ``return_lengths`` (a misbehaving leaf)."""
-        output = leaf_output(leaf, packet)
+        output = leaf_output(leaf, packet, self.cfg.combine_dtype)
         length = self.return_lengths.get((leaf, packet["token"]), len(output))
-        extra = [[self.rng.randint(-99, 99) for _ in range(self.cfg.lanes)]
+        extra = [[self.rng.randint(-99, 99) if self.cfg.combine_dtype == "int" else
+                  self.rng.randrange(1 << self.cfg.acc_width) for _ in range(self.cfg.lanes)]
                  for _ in range(max(0, length - len(output)))]
         return (output + extra)[:length]
 
@@ -183,7 +214,8 @@ class TreeBench(StreamBench):
     def check_sums(self):
         """Root: one combined packet per token with the golden sums (order is free)."""
         packets = self.packets
-        expected = golden.combine(packets, self.returned, self.cfg.acc_width)
+        expected = golden.combine(packets, self.returned, self.cfg.acc_width,
+                                  self.cfg.combine_dtype, self.fanouts)
         want = sorted((p["token"], flits) for p, flits in zip(packets, expected))
         got = sorted((token, flits) for token, flits, _ in self.combined_packets())
         assert got == want, "combined packets differ from the golden sums"

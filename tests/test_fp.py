@@ -237,3 +237,79 @@ def test_fp_dot_config_errors(params, message):
     with pytest.raises(ParamError) as info:
         get_block("fp_dot").config(**params)
     assert str(info.value) == message
+
+
+# --- the adder of the floating-point combine (golden.fp.add, hw.fparith.fp_add) -------------
+
+def test_fp32_add_is_numpy_float32_addition_within_range():
+    rng = np.random.default_rng(8)
+    a = rng.integers(0, 1 << 32, 20000, dtype=np.uint64).astype(np.uint32)
+    b = rng.integers(0, 1 << 32, 20000, dtype=np.uint64).astype(np.uint32)
+    b[:5000] = a[:5000] ^ np.uint32(1 << 31)                 # exact cancellation
+    b[5000:10000] = (a[5000:10000] + rng.integers(-4, 5, 5000).astype(np.uint32))
+    with np.errstate(over="ignore", invalid="ignore"):
+        theirs = (a.view(np.float32) + b.view(np.float32)).view(np.uint32)
+    for x, y, z in zip(a.tolist(), b.tolist(), theirs.tolist()):
+        ours = fp.add(x, y, "fp32")
+        if math.isnan(fp.decode(z, "fp32")):
+            assert ours == 0x7FC00000
+        elif math.isinf(fp.decode(z, "fp32")) and not any(
+                math.isinf(fp.decode(v, "fp32")) for v in (x, y)):
+            assert ours == (z & 0x80000000) | 0x7F7FFFFF        # saturates, numpy overflows
+        else:
+            assert ours == z, (hex(x), hex(y))
+
+
+def _special_codes(fmt):
+    sign = 1 << (fmt.width - 1)
+    infinity = ((1 << fmt.exp_bits) - 1) << fmt.man_bits
+    plain = [0, 1, 2, (1 << fmt.man_bits) - 1, 1 << fmt.man_bits, (1 << fmt.man_bits) + 1,
+             fmt.max_code, fmt.max_code - 1, infinity, fmt.canonical_nan, infinity | 1,
+             fp.encode(1.0, fmt), fp.encode(1.5, fmt)]
+    return plain + [code | sign for code in plain]
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp32"])
+def test_the_hardware_adder_is_the_golden_add(name):
+    """hw.fparith.fp_add (Amaranth's simulator) against golden.fp.add: every pair of special and
+    boundary codes (signed zeros, subnormals, the largest, infinities, NaNs), random pairs, and
+    pairs one or a few units apart with opposite signs (massive cancellation)."""
+    from amaranth.hdl import Module, Signal
+    from amaranth.sim import Simulator
+    from hw.fparith import fp_add
+    fmt = fp.FORMATS[name]
+    module = Module()
+    a, b = Signal(fmt.width), Signal(fmt.width)
+    result = fp_add(module, a, b, fmt, "add")
+    rng = random.Random(9)
+    specials = _special_codes(fmt)
+    top = 1 << (fmt.width - 1)
+    pairs = [(x, y) for x in specials for y in specials]
+    pairs += [(rng.randrange(2 * top), rng.randrange(2 * top)) for _ in range(3000)]
+    for _ in range(1500):
+        x = rng.randrange(top)
+        pairs.append((x, ((x + rng.randint(-3, 3)) % top) | top))
+        pairs.append((x | rng.choice([0, top]), rng.randrange(top) >> rng.randint(0, 30)))
+    mismatches = []
+
+    async def bench(ctx):
+        for x, y in pairs:
+            ctx.set(a, x)
+            ctx.set(b, y)
+            if ctx.get(result) != fp.add(x, y, fmt):
+                mismatches.append((hex(x), hex(y), hex(ctx.get(result))))
+
+    simulator = Simulator(module)
+    simulator.add_testbench(bench)
+    simulator.run()
+    assert not mismatches, mismatches[:5]
+
+
+def test_add_rules_for_specials_and_zeros():
+    bf = "bf16"
+    one, inf = fp.encode(1.0, bf), 0x7F80
+    assert fp.add(0x8000, 0x8000, bf) == 0x8000 and fp.add(0x8000, 0, bf) == 0
+    assert fp.add(one, one | 0x8000, bf) == 0                     # exact cancellation: +0
+    assert fp.add(inf, inf | 0x8000, bf) == 0x7FC0 and fp.add(inf, one, bf) == inf
+    assert fp.add(0x7F7F, 0x7F7F, bf) == 0x7F7F                   # saturates
+    assert fp.add(0xFFC1, one, bf) == 0x7FC0                      # NaN: canonical, positive

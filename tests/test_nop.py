@@ -7,6 +7,7 @@ import pytest
 from conftest import SIMULATORS, config_id, run_block
 from golden import placement
 from golden import fixed
+from golden import fp
 from golden import nop as golden
 from golden import router as golden_router
 from hw.nop import NopConfig, NopSwitchConfig
@@ -16,13 +17,16 @@ SWITCH_CONFIGS = [
     {},
     # Odd fanout and lane count, single-flit capacity per slot, a small table.
     {"fanout": 3, "lanes": 3, "data_width": 5, "acc_width": 7, "max_flits": 3, "max_inflight": 3},
-    # The widest switch: 16 children, one lane, two slots.
-    {"fanout": 16, "lanes": 1, "max_flits": 2, "max_inflight": 2, "token_width": 6},
+    # The widest switch: 16 children, one lane, two slots; a BF16 combine (15 adders in a row).
+    {"fanout": 16, "lanes": 1, "max_flits": 2, "max_inflight": 2, "token_width": 6,
+     "combine_dtype": "bf16"},
 ]
 TREE_CONFIGS = [
     {},
-    # Non-uniform fanouts, one slot per switch (every token waits for the previous one).
-    {"fanouts": (2, 3), "lanes": 2, "max_flits": 2, "max_inflight": 1},
+    # Non-uniform fanouts, one slot per switch (every token waits for the previous one); an FP32
+    # combine, rounded at each of the two levels.
+    {"fanouts": (2, 3), "lanes": 2, "max_flits": 2, "max_inflight": 1, "combine_dtype": "fp32",
+     "acc_width": 32},
     # Three levels.
     {"fanouts": (2, 2, 2), "lanes": 1, "max_flits": 3, "max_inflight": 3},
 ]
@@ -56,6 +60,22 @@ def test_combine_sums_wrap_at_acc_width():
     packets = [{"token": 1, "mask": 0b11, "flits": [[100]]}]
     out = golden.combine(packets, lambda leaf, p: [[p["flits"][0][0] * (leaf + 1)]], 8)
     assert out == [[[fixed.wrap(300, 8)]]] and out[0][0][0] == 44
+
+
+def test_float_combine_adds_in_child_order_switch_by_switch():
+    # Leaves 0..3 under (2, 2): ((l0 + l1) + (l2 + l3)), each addition rounded to BF16.
+    big, one = fp.encode(256.0, "bf16"), fp.encode(1.0, "bf16")
+    values = {0: big, 1: one, 2: one, 3: one}
+    packets = [{"token": 0, "mask": 0b1111, "flits": [[0]]}]
+    out = golden.combine(packets, lambda leaf, p: [[values[leaf]]], 16, "bf16", (2, 2))
+    # 256 + 1 rounds to 256 (8 significant bits); 1 + 1 = 2; 256 + 2 = 258 exactly.
+    assert out == [[[fp.encode(258.0, "bf16")]]]
+    flat = golden.combine(packets, lambda leaf, p: [[values[leaf]]], 16, "bf16", (4,))
+    assert flat == [[[fp.encode(256.0, "bf16")]]]          # ((256 + 1) + 1) + 1: each lost
+    # A switch none of whose owed children contributes (wrong-length returns) sends +0.
+    dropped = golden.combine(packets, lambda leaf, p: [[values[leaf]]] * (1 + (leaf < 2)), 16,
+                             "bf16", (2, 2))
+    assert dropped == [[[fp.encode(2.0, "bf16")]]]
 
 
 def test_cycle_model_recursion():
@@ -122,6 +142,12 @@ def test_clustered_placement_lowers_r():
      "parameter 'fanouts': got 16,8; allowed: a product of at most 64 leaves (got 128)"),
     (NopConfig, {"fanouts": (2, 2, 2, 2, 2)},
      "parameter 'fanouts': got 2,2,2,2,2; allowed: 1..4 comma-separated integers, each in 2..16"),
+    (NopConfig, {"combine_dtype": "fp32"},
+     "parameter 'acc_width': got 16; allowed: 32 with combine_dtype fp32 (its codes)"),
+    (NopSwitchConfig, {"combine_dtype": "bf16", "acc_width": 12},
+     "parameter 'acc_width': got 12; allowed: 16 with combine_dtype bf16 (its codes)"),
+    (NopSwitchConfig, {"combine_dtype": "fp16"},
+     "parameter 'combine_dtype': got 'fp16'; allowed: one of 'int', 'bf16', 'fp32'"),
 ])
 def test_config_rejects_bad_values(cls, kwargs, message):
     with pytest.raises(ParamError) as info:
