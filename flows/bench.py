@@ -81,7 +81,8 @@ def run_bench(output, blocks=None):
         record["bare_verilator_cycles_per_second"] = bare_cycles_per_second(block, config)
         print(f"bench: {block.name} {label} synthesis (yosys, generic)", flush=True)
         area = synthesize(block, config, "generic")
-        record["synth_generic"] = {k: area[k] for k in ("cells", "flip_flops", "luts", "dsps")}
+        record["synth_generic"] = {k: area[k] for k in ("cells", "flip_flops", "luts", "dsps",
+                                                         "abc")}
         record[f"cells_per_{block.area_unit}"] = area["cells"] / units
         if block.tiers is not None:
             print(f"bench: {block.name} {label} switching activity per tier (VCD)", flush=True)

@@ -62,17 +62,21 @@ def _figures_table(name, bench):
         units = r.get(block.area_unit + "s", 1)
         area = r["synth_generic"]
         bare = r.get("bare_verilator_cycles_per_second")
+        # Gate by gate (no ABC): an unoptimized upper bound, marked so.
+        mapped = "" if area.get("abc", block.synth_abc is True) else " (gate by gate)"
         rows.append((r["params"] or "defaults", _metric_text(r["verilator"]["metrics"]),
                      _speed(r, "verilator") + (f" of {bare:,.0f} bare" if bare else ""),
                      _speed(r, "icarus"),
-                     f"{area['cells']:,}", f"{area['flip_flops']:,}", f"{area['luts']:,}",
+                     f"{area['cells']:,}{mapped}", f"{area['flip_flops']:,}",
+                     f"{area['luts']:,}{mapped}",
                      f"{area['cells'] / units:,.0f} per {block.area_unit}"))
     when = records[0].get("generated", bench.get("generated", "?"))
     note = (f"From `make bench` of {when} (docs/bench.json): figures "
             "measured by `test_throughput` on Verilator and asserted against the golden cycle "
             "model; simulated cycles per wall-clock second on both simulators (noisy: compare "
             "within one run; after a `|`, `test_buffered_throughput` on the buffered harness, "
-            "`tb/buffered.py`); Yosys generic synthesis (`synth -lut 4`).\n\n")
+            "`tb/buffered.py`); Yosys generic synthesis (`synth -lut 4`, the logic mapped by ABC "
+            "unless marked gate by gate: an unoptimized upper bound).\n\n")
     text = note + _md_table(["params", "measured (cycle-exact)", "Verilator cycles/s",
                              "Icarus cycles/s", "cells", "flip-flops", "LUTs", "cells per unit"],
                             rows)

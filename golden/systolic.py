@@ -10,9 +10,10 @@ import math
 
 import numpy as np
 
+from golden import fp
 from golden.fixed import wrap
 
-__all__ = ["matmul_wrapped", "os_tile_result", "tile_result", "ws_block_result",
+__all__ = ["matmul_wrapped", "os_tile_result", "tile_result", "ws_block_result", "fp_tile_result", "SCALE_BLOCK",
            "OSCycleModel", "WSCycleModel", "figures"]
 
 
@@ -35,6 +36,32 @@ def tile_result(a_slices, b_slices, acc_width):
     exact = sum(np.asarray(a, dtype=object) @ np.asarray(b, dtype=object)
                 for a, b in zip(a_slices, b_slices))
     return wrap(exact, acc_width)
+
+
+SCALE_BLOCK = 128               # elements of K per scale: 1x128 activation tiles, 128x128 blocks
+
+
+def fp_tile_result(a_slices, b_slices, dtype, dot_config, scales_a, scales_b):
+    """The floating-point output-stationary array and tile (``dtype`` not ``int``): per slice s,
+    PE (i, j) computes ``golden.fp.dot`` of row i of A_s and column j of B_s (codes of
+    ``dtype``, one product a beat: group 1) with ``dot_config``'s accumulator and promotion,
+    ``scales_a[s][i]`` and ``scales_b[s]`` the per-128-block scale lists (values); the tile's
+    adder tree then adds the slices' FP32 results pairwise, (0 + 1), (2 + 3), ..., an odd one
+    passing to the next level, each addition rounded (``golden.fp.add``). Returns the R x C FP32
+    codes, row i being output beat i."""
+    results = []
+    for a, b, scale_a, scale_b in zip(a_slices, b_slices, scales_a, scales_b):
+        columns = list(zip(*b))
+        results.append([[fp.dot(list(row), list(column), dtype, dtype, dot_config, scale_a[i],
+                                scale_b) for column in columns] for i, row in enumerate(a)])
+    while len(results) > 1:
+        paired = [[[fp.add(x, y, "fp32") for x, y in zip(row_x, row_y)]
+                   for row_x, row_y in zip(results[p], results[p + 1])]
+                  for p in range(0, len(results) - 1, 2)]
+        if len(results) % 2:
+            paired.append(results[-1])
+        results = paired
+    return results[0]
 
 
 def ws_block_result(x_matrix, w_matrix, acc_width):
@@ -158,6 +185,10 @@ def figures(block, **params):
     """
     rows, cols = params["rows"], params["cols"]
     accumulator = {"width": params["acc_width"], "overflow": "wrap (two's complement)"}
+    if params.get("dtype", "int") != "int":
+        accumulator = {"dtype": params["dtype"], "acc_frac": params["acc_frac"],
+                       "promote_every": params["promote_every"],
+                       "scale_format": params["scale_format"], "result": "fp32"}
     if block == "systolic" and params["dataflow"] == "ws":
         return {
             "dataflow": "ws",

@@ -110,71 +110,77 @@ def _leading_one(m, value, name):
     return index
 
 
-class FpDot(ConfiguredComponent):
-    """The ``fp_dot`` block.
+def _operand(m, code, name, fmt):
+    """``(nan, inf, sign, mantissa, exponent of its last bit)`` of a code of ``fmt``."""
+    man = code[:fmt.man_bits]
+    field = code[fmt.man_bits:fmt.man_bits + fmt.exp_bits]
+    top = (1 << fmt.exp_bits) - 1
+    if fmt.ieee:
+        special = field == top
+        nan, inf = special & (man != 0), special & (man == 0)
+    else:
+        special = (field == top) & (man == (1 << fmt.man_bits) - 1)
+        nan, inf = special, Const(0)
+    subnormal = field == 0
+    mantissa = Signal(fmt.man_bits + 1, name=f"{name}_m")
+    exponent = Signal(signed(ACC_EXPONENT_BITS + 1), name=f"{name}_x")
+    m.d.comb += [mantissa.eq(Mux(special, 0, Cat(man, ~subnormal))),
+                 exponent.eq(Mux(subnormal, fmt.emin - fmt.man_bits,
+                                 Cat(field, Const(0, 2)).as_signed()
+                                 - (fmt.bias + fmt.man_bits)))]
+    return nan, inf, code[fmt.width - 1], mantissa, exponent
+
+
+class FpAccumulator:
+    """The numerics of ``fp_dot`` for one dot product at a time: its state registers and the
+    step that takes one beat of g operand pairs (see the module docstring). Shared by ``fp_dot``
+    (one accumulator) and the floating-point systolic arrays (one per PE, g = 1).
+
+    Parameters
+    ----------
+    m : Module
+    dtype, group, acc_frac, scale_format
+        As in :class:`FpDotConfig`.
+    prefix : str
+        Prefix of every signal's name.
 
     Members
     -------
-    inp : In(stream)
-        ``a``, ``b``: g operand codes each; ``last``: the dot product's final beat.
-    out : Out(stream)
-        One result per dot product (``result_layout``).
+    total_code : Signal(32)
+        The FP32 accumulator; after a dot product's last beat, its result.
     """
 
-    def __init__(self, config):
-        super().__init__(config, {
-            "inp": In(stream.Signature(input_layout(config))),
-            "out": Out(stream.Signature(result_layout(config))),
-        })
+    def __init__(self, m, dtype, group, acc_frac, scale_format, prefix=""):
+        self.m, self.prefix = m, prefix
+        self.format = golden.FORMATS[dtype]
+        self.group, self.acc_frac, self.scale_format = group, acc_frac, scale_format
+        F = acc_frac
+        self.acc_sign = Signal(name=f"{prefix}acc_sign")
+        self.acc_m = Signal(F + 1, name=f"{prefix}acc_m")
+        self.acc_e = Signal(signed(ACC_EXPONENT_BITS), init=golden.ACC_EMIN, name=f"{prefix}acc_e")
+        self.nan_seen = Signal(name=f"{prefix}nan_seen")
+        self.inf_pos = Signal(name=f"{prefix}inf_pos")
+        self.inf_neg = Signal(name=f"{prefix}inf_neg")
+        self.total_code = Signal(32, name=f"{prefix}total")
 
-    def _operand(self, m, code, name, fmt=None):
-        """``(nan, inf, sign, mantissa, exponent of its last bit)`` of a code."""
-        fmt = fmt or self.config.format
-        man = code[:fmt.man_bits]
-        field = code[fmt.man_bits:fmt.man_bits + fmt.exp_bits]
-        top = (1 << fmt.exp_bits) - 1
-        if fmt.ieee:
-            special = field == top
-            nan, inf = special & (man != 0), special & (man == 0)
-        else:
-            special = (field == top) & (man == (1 << fmt.man_bits) - 1)
-            nan, inf = special, Const(0)
-        subnormal = field == 0
-        mantissa = Signal(fmt.man_bits + 1, name=f"{name}_m")
-        exponent = Signal(signed(ACC_EXPONENT_BITS + 1), name=f"{name}_x")
-        m.d.comb += [mantissa.eq(Mux(special, 0, Cat(man, ~subnormal))),
-                     exponent.eq(Mux(subnormal, fmt.emin - fmt.man_bits,
-                                     Cat(field, Const(0, 2)).as_signed()
-                                     - (fmt.bias + fmt.man_bits)))]
-        return nan, inf, code[fmt.width - 1], mantissa, exponent
-
-    def elaborate(self, platform):
-        m = Module()
-        cfg = self.config
-        g, F = cfg.group, cfg.acc_frac
+    def step(self, a, b, scale_a, scale_b, part_first, dot_first, promote, last):
+        """The register updates of one beat: ``a``, ``b`` g codes each; ``part_first``: the
+        partial sum starts at zero; ``dot_first``: so do the FP32 accumulator and the sticky
+        flags; ``promote``: the partial sum times the scales goes into the FP32 accumulator;
+        ``last`` (implies ``promote``): the accumulator takes the dot product's result (the
+        canonical NaN or an infinity where the specials say so). Returns ``(updates,
+        result)``: the statements to apply under the beat's enable, and the result code."""
+        m, p = self.m, self.prefix
+        g, F, fmt = self.group, self.acc_frac, self.format
         emin, emax = golden.ACC_EMIN, golden.ACC_EMAX
         E = ACC_EXPONENT_BITS + 2                        # room for exponent sums
 
-        # Accumulator state (sign-magnitude), per dot product: sticky flags.
-        acc_sign, acc_m = Signal(), Signal(F + 1)
-        acc_e = Signal(signed(ACC_EXPONENT_BITS), init=emin)
-        nan_seen, inf_pos, inf_neg = Signal(), Signal(), Signal()
-        first = Signal(init=1)                           # the next beat starts a partial sum
-        dot_first = Signal(init=1)                       # ... and a dot product
-        total_code = Signal(32)                          # the FP32 accumulator
-        beat_index = Signal(range(max(1, cfg.chunk_beats)))
-
-        out_valid = Signal()
-        take = self.inp.valid & self.inp.ready
-        m.d.comb += self.inp.ready.eq(~out_valid | self.out.ready)
-
         # 1. Products.
-        beat = self.inp.payload
         products = []
         beat_nan, beat_inf_pos, beat_inf_neg = [], [], []
         for i in range(g):
-            a_nan, a_inf, a_sign, a_m, a_x = self._operand(m, beat.a[i], f"a{i}")
-            b_nan, b_inf, b_sign, b_m, b_x = self._operand(m, beat.b[i], f"b{i}")
+            a_nan, a_inf, a_sign, a_m, a_x = _operand(m, a[i], f"{p}a{i}", fmt)
+            b_nan, b_inf, b_sign, b_m, b_x = _operand(m, b[i], f"{p}b{i}", fmt)
             sign = a_sign ^ b_sign
             a_zero, b_zero = (a_m == 0) & ~a_inf, (b_m == 0) & ~b_inf
             nan = a_nan | b_nan | (a_inf & b_zero) | (b_inf & a_zero)
@@ -182,112 +188,98 @@ class FpDot(ConfiguredComponent):
             beat_nan.append(nan)
             beat_inf_pos.append(inf & ~sign)
             beat_inf_neg.append(inf & sign)
-            magnitude = Signal(2 * len(a_m), name=f"p{i}_m")
-            exponent = Signal(signed(E), name=f"p{i}_x")
+            magnitude = Signal(2 * len(a_m), name=f"{p}p{i}_m")
+            exponent = Signal(signed(E), name=f"{p}p{i}_x")
             m.d.comb += [magnitude.eq(a_m * b_m), exponent.eq(a_x + b_x)]
-            lead = _leading_one(m, magnitude, f"p{i}_lead")
-            top = Signal(signed(E), name=f"p{i}_top")
+            lead = _leading_one(m, magnitude, f"{p}p{i}_lead")
+            top = Signal(signed(E), name=f"{p}p{i}_top")
             m.d.comb += top.eq(Mux(magnitude == 0, emin, exponent + lead))
             products.append((sign, magnitude, exponent, top))
 
         # 2. The alignment exponent.
-        held_m = Mux(first, 0, acc_m)
-        held_e = Signal(signed(E))
-        m.d.comb += held_e.eq(Mux(held_m == 0, emin, acc_e))
-        largest = Signal(signed(E))
+        held_m = Mux(part_first, 0, self.acc_m)
+        held_e = Signal(signed(E), name=f"{p}held_e")
+        m.d.comb += held_e.eq(Mux(held_m == 0, emin, self.acc_e))
+        largest = Signal(signed(E), name=f"{p}largest")
         m.d.comb += largest.eq(max_tree(m, [top for *_, top in products] + [held_e,
                                                                             Const(emin, signed(E))],
-                                         "align"))
+                                         f"{p}align"))
 
         # 3. Aligned, truncated toward zero, signed.
-        width = max(2 * (cfg.format.man_bits + 1) + F, F + 1) + 1
+        width = max(2 * (fmt.man_bits + 1) + F, F + 1) + 1
         terms = []
         for i, (sign, magnitude, exponent, _) in enumerate(products):
-            shift = Signal(signed(E + 1), name=f"p{i}_shift")   # >= 0 for a nonzero product
+            shift = Signal(signed(E + 1), name=f"{p}p{i}_shift")   # >= 0 for a nonzero product
             m.d.comb += shift.eq(largest - exponent)
-            amount = Signal(range(width + 1), name=f"p{i}_amount")
+            amount = Signal(range(width + 1), name=f"{p}p{i}_amount")
             m.d.comb += amount.eq(Mux(shift > width, width, Mux(shift < 0, 0, shift)))
-            aligned = Signal(width, name=f"p{i}_aligned")
+            aligned = Signal(width, name=f"{p}p{i}_aligned")
             m.d.comb += aligned.eq((Cat(Const(0, F), magnitude)) >> amount)
             terms.append(Mux(sign, -aligned.as_signed(), aligned.as_signed()))
-        acc_shift = Signal(range(width + 1))
-        gap = Signal(signed(E + 1))
+        acc_shift = Signal(range(width + 1), name=f"{p}acc_shift")
+        gap = Signal(signed(E + 1), name=f"{p}acc_gap")
         m.d.comb += [gap.eq(largest - held_e),
                      acc_shift.eq(Mux(gap > width, width, gap))]
-        acc_aligned = Signal(width)
+        acc_aligned = Signal(width, name=f"{p}acc_aligned")
         m.d.comb += acc_aligned.eq(held_m >> acc_shift)
-        held_sign = Mux(first, 0, acc_sign)
+        held_sign = Mux(part_first, 0, self.acc_sign)
         terms.append(Mux(held_sign, -acc_aligned.as_signed(), acc_aligned.as_signed()))
 
         # 4. Exact sum, renormalized to F + 1 bits.
         sum_width = width + ceil_log2(g + 1) + 2
-        total = Signal(signed(sum_width))
+        total = Signal(signed(sum_width), name=f"{p}sum")
         m.d.comb += total.eq(sum(terms))
-        magnitude = Signal(sum_width)
+        magnitude = Signal(sum_width, name=f"{p}sum_abs")
         m.d.comb += magnitude.eq(Mux(total < 0, -total, total))
-        lead = _leading_one(m, magnitude, "sum_lead")
-        excess = Signal(signed(E + 1))                   # > 0: carry bits to drop
+        lead = _leading_one(m, magnitude, f"{p}sum_lead")
+        excess = Signal(signed(E + 1), name=f"{p}excess")      # > 0: carry bits to drop
         m.d.comb += excess.eq(lead - F)
-        raised = Signal(signed(E + 1))
+        raised = Signal(signed(E + 1), name=f"{p}raised")
         m.d.comb += raised.eq(largest + excess)
-        normal_m, normal_e = Signal(F + 1), Signal(signed(E + 1))
+        normal_m = Signal(F + 1, name=f"{p}normal_m")
+        normal_e = Signal(signed(E + 1), name=f"{p}normal_e")
         with m.If(excess >= 0):
             m.d.comb += [normal_m.eq(magnitude >> excess.as_unsigned()), normal_e.eq(raised)]
         with m.Else():
             # Left: by the missing bits, but not below exponent -126.
-            room = Signal(signed(E + 1))
+            room = Signal(signed(E + 1), name=f"{p}room")
             m.d.comb += room.eq(largest - emin)
-            left = Signal(range(F + 2))
+            left = Signal(range(F + 2), name=f"{p}left")
             m.d.comb += left.eq(Mux(room < -excess, room, -excess))
             m.d.comb += [normal_m.eq(magnitude << left), normal_e.eq(largest - left)]
-        new_m, new_e = Signal(F + 1), Signal(signed(E + 1))
-        saturated = Signal()
+        new_m = Signal(F + 1, name=f"{p}new_m")
+        new_e = Signal(signed(E + 1), name=f"{p}new_e")
         with m.If(magnitude == 0):
             m.d.comb += [new_m.eq(0), new_e.eq(emin)]
         with m.Elif(normal_e > emax):
-            m.d.comb += [new_m.eq((1 << (F + 1)) - 1), new_e.eq(emax), saturated.eq(1)]
+            m.d.comb += [new_m.eq((1 << (F + 1)) - 1), new_e.eq(emax)]
         with m.Else():
             m.d.comb += [new_m.eq(normal_m), new_e.eq(normal_e)]
 
-        # 5. Promotion at a chunk's last beat (and the dot product's): the partial sum times
-        # the beat's two scales, added into the FP32 accumulator, rounded once.
-        promote = Signal()
-        chunk_end = (beat_index == cfg.chunk_beats - 1) if cfg.chunk_beats else Const(0)
-        m.d.comb += promote.eq(chunk_end | beat.last)
-        held_total = Mux(dot_first, 0, total_code)
-        promoted, scale_nan = self._promote(m, total < 0, new_m, new_e, beat.scale_a,
-                                            beat.scale_b, held_total)
-
+        # 5. Promotion: the partial sum times the beat's two scales, added into the FP32
+        # accumulator, rounded once.
+        held_total = Mux(dot_first, 0, self.total_code)
+        promoted, scale_nan = self._promote(total < 0, new_m, new_e, scale_a, scale_b,
+                                            held_total)
         any_nan = Cat(*beat_nan).any() | (promote & scale_nan)
-        any_pos = Cat(*beat_inf_pos).any()
-        any_neg = Cat(*beat_inf_neg).any()
-        sticky_nan = Mux(dot_first, 0, nan_seen) | any_nan
-        sticky_pos = Mux(dot_first, 0, inf_pos) | any_pos
-        sticky_neg = Mux(dot_first, 0, inf_neg) | any_neg
-        with m.If(take):
-            m.d.sync += [acc_m.eq(new_m), acc_e.eq(new_e), acc_sign.eq(total < 0),
-                         nan_seen.eq(sticky_nan), inf_pos.eq(sticky_pos),
-                         inf_neg.eq(sticky_neg), first.eq(promote), dot_first.eq(beat.last),
-                         total_code.eq(Mux(promote, promoted, held_total))]
-            if cfg.chunk_beats:
-                m.d.sync += beat_index.eq(Mux(promote, 0, beat_index + 1))
+        sticky_nan = Mux(dot_first, 0, self.nan_seen) | any_nan
+        sticky_pos = Mux(dot_first, 0, self.inf_pos) | Cat(*beat_inf_pos).any()
+        sticky_neg = Mux(dot_first, 0, self.inf_neg) | Cat(*beat_inf_neg).any()
+        nan = sticky_nan | (sticky_pos & sticky_neg)
+        inf = (sticky_pos | sticky_neg) & ~nan
+        infinity = Cat(Const(0, 23), Const(0xFF, 8), sticky_neg)
+        result = Signal(32, name=f"{p}result")
+        m.d.comb += result.eq(Mux(nan, FP32.canonical_nan, Mux(inf, infinity, promoted)))
+        updates = [self.acc_m.eq(new_m), self.acc_e.eq(new_e), self.acc_sign.eq(total < 0),
+                   self.nan_seen.eq(sticky_nan), self.inf_pos.eq(sticky_pos),
+                   self.inf_neg.eq(sticky_neg),
+                   self.total_code.eq(Mux(last, result, Mux(promote, promoted, held_total)))]
+        return updates, result
 
-        # Result register: loaded by a dot product's last beat.
-        out = self.out.payload
-        with m.If(self.out.ready):
-            m.d.sync += out_valid.eq(0)
-        with m.If(take & beat.last):
-            nan = sticky_nan | (sticky_pos & sticky_neg)
-            inf = (sticky_pos | sticky_neg) & ~nan
-            infinity = Cat(Const(0, 23), Const(0xFF, 8), sticky_neg)
-            m.d.sync += [out_valid.eq(1),
-                         out.result.eq(Mux(nan, FP32.canonical_nan, Mux(inf, infinity, promoted)))]
-        m.d.comb += self.out.valid.eq(out_valid)
-        return m
-
-    def _aligned(self, m, mantissa, exponent, base, name):
+    def _aligned(self, mantissa, exponent, base, name):
         """``mantissa * 2**(exponent - base)`` in FIELD + 1 bits, truncated, and whether bits
         were lost (sticky). The caller makes the top fit: exponent + lead <= base + FIELD - 1."""
+        m = self.m
         width = len(mantissa)
         full = Cat(Const(0, FIELD), mantissa)
         shift = Signal(signed(14), name=f"{name}_shift")        # FIELD - (exponent - base)
@@ -301,29 +293,30 @@ class FpDot(ConfiguredComponent):
                      lost.eq((full & ((Const(1, FIELD + width + 1) << amount) - 1)) != 0)]
         return value, lost
 
-    def _scale(self, m, code, name):
+    def _scale(self, code, name):
         """A scale as ``(nan, inf, sign, mantissa, exponent of its last bit)``: an FP32 code,
         or an E8M0 one (mantissa 1, exponent code - 127; 255 is NaN)."""
-        if self.config.scale_format == "fp32":
-            return self._operand(m, code, name, FP32)
+        if self.scale_format == "fp32":
+            return _operand(self.m, code, name, FP32)
         exponent = Signal(signed(10), name=f"{name}_x")
-        m.d.comb += exponent.eq(Cat(code, Const(0, 2)).as_signed() - 127)
+        self.m.d.comb += exponent.eq(Cat(code, Const(0, 2)).as_signed() - 127)
         return code == 255, Const(0), Const(0), Const(1, 1), exponent
 
-    def _promote(self, m, sign, mantissa, exponent, scale_a, scale_b, total):
+    def _promote(self, sign, mantissa, exponent, scale_a, scale_b, total):
         """The FP32 code of ``total`` + (-1)**sign * mantissa * 2**(exponent - F) * scale_a *
         scale_b, rounded to nearest even once (saturating, subnormals kept, zero positive);
         and whether a scale is NaN or infinite."""
-        F = self.config.acc_frac
-        a_nan, a_inf, a_sign, a_m, a_x = self._scale(m, scale_a, "scale_a")
-        b_nan, b_inf, b_sign, b_m, b_x = self._scale(m, scale_b, "scale_b")
-        _, _, t_sign, t_m, t_x = self._operand(m, total, "total", FP32)
+        m, p = self.m, self.prefix
+        F = self.acc_frac
+        a_nan, a_inf, a_sign, a_m, a_x = self._scale(scale_a, f"{p}scale_a")
+        b_nan, b_inf, b_sign, b_m, b_x = self._scale(scale_b, f"{p}scale_b")
+        _, _, t_sign, t_m, t_x = _operand(m, total, f"{p}total", FP32)
         product = Signal(F + 1 + len(a_m) + len(b_m))
         product_x = Signal(signed(14))
         m.d.comb += [product.eq(mantissa * a_m * b_m), product_x.eq(exponent - F + a_x + b_x)]
         product_sign = sign ^ a_sign ^ b_sign
-        p_lead = _leading_one(m, product, "product_lead")
-        t_lead = _leading_one(m, t_m, "total_lead")
+        p_lead = _leading_one(m, product, f"{p}product_lead")
+        t_lead = _leading_one(m, t_m, f"{p}total_lead")
         p_top, t_top = Signal(signed(14)), Signal(signed(14))
         m.d.comb += [p_top.eq(product_x + p_lead), t_top.eq(t_x + t_lead)]
         p_zero, t_zero = product == 0, t_m == 0
@@ -331,8 +324,8 @@ class FpDot(ConfiguredComponent):
         m.d.comb += top.eq(Mux(p_zero, t_top, Mux(t_zero | (p_top > t_top), p_top, t_top)))
         base = Signal(signed(14))                      # the field's last bit's exponent
         m.d.comb += base.eq(top - (FIELD - 1))
-        p_value, p_lost = self._aligned(m, product, product_x, base, "product")
-        t_value, t_lost = self._aligned(m, t_m, t_x, base, "total")
+        p_value, p_lost = self._aligned(product, product_x, base, f"{p}product")
+        t_value, t_lost = self._aligned(t_m, t_x, base, f"{p}total")
         width = FIELD + 3
         p_wide = Cat(p_value, Const(0, 2)).as_signed()
         t_wide = Cat(t_value, Const(0, 2)).as_signed()
@@ -348,7 +341,7 @@ class FpDot(ConfiguredComponent):
         exact = Signal(width)                          # |sum| = exact + (sticky ? (0, 1) : 0)
         m.d.comb += exact.eq(Mux(lost & (lost_negative != result_sign), magnitude - 1,
                                  magnitude))
-        lead = _leading_one(m, exact, "sum_lead")
+        lead = _leading_one(m, exact, f"{p}round_lead")
         round_x = Signal(signed(14))                   # exponent of the kept last bit
         m.d.comb += round_x.eq(base + lead - 23)
         kept_x = Signal(signed(14))
@@ -384,6 +377,59 @@ class FpDot(ConfiguredComponent):
         with m.Else():
             m.d.comb += code.eq(Cat(q[:23], biased[:8], result_sign))
         return code, a_nan | a_inf | b_nan | b_inf
+
+
+
+
+class FpDot(ConfiguredComponent):
+    """The ``fp_dot`` block.
+
+    Members
+    -------
+    inp : In(stream)
+        ``a``, ``b``: g operand codes each; ``last``: the dot product's final beat.
+    out : Out(stream)
+        One result per dot product (``result_layout``).
+    """
+
+    def __init__(self, config):
+        super().__init__(config, {
+            "inp": In(stream.Signature(input_layout(config))),
+            "out": Out(stream.Signature(result_layout(config))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.config
+        accumulator = FpAccumulator(m, cfg.dtype, cfg.group, cfg.acc_frac, cfg.scale_format)
+        first = Signal(init=1)                           # the next beat starts a partial sum
+        dot_first = Signal(init=1)                       # ... and a dot product
+        beat_index = Signal(range(max(1, cfg.chunk_beats)))
+
+        out_valid = Signal()
+        take = self.inp.valid & self.inp.ready
+        m.d.comb += self.inp.ready.eq(~out_valid | self.out.ready)
+
+        # Promotion at a chunk's last beat (and the dot product's).
+        beat = self.inp.payload
+        promote = Signal()
+        chunk_end = (beat_index == cfg.chunk_beats - 1) if cfg.chunk_beats else Const(0)
+        m.d.comb += promote.eq(chunk_end | beat.last)
+        updates, result = accumulator.step(beat.a, beat.b, beat.scale_a, beat.scale_b, first,
+                                           dot_first, promote, beat.last)
+        with m.If(take):
+            m.d.sync += updates
+            m.d.sync += [first.eq(promote), dot_first.eq(beat.last)]
+            if cfg.chunk_beats:
+                m.d.sync += beat_index.eq(Mux(promote, 0, beat_index + 1))
+
+        # Result register: loaded by a dot product's last beat.
+        with m.If(self.out.ready):
+            m.d.sync += out_valid.eq(0)
+        with m.If(take & beat.last):
+            m.d.sync += [out_valid.eq(1), self.out.payload.result.eq(result)]
+        m.d.comb += self.out.valid.eq(out_valid)
+        return m
 
 
 register(Block(

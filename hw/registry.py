@@ -52,10 +52,11 @@ class Block:
         (:mod:`flows.threed`); None when the block has no tier partition.
     tier_contents : tuple of str, optional
         What the top and the bottom tier hold, for the 3D reports.
-    synth_abc : bool
+    synth_abc : bool or callable
         Map the generic synthesis' logic to LUTs with ABC (the default). False maps gate by
         gate (``-noabc``): Yosys 0.70's ABC9 (yowasp) exits without a word on expert_chiplet's
-        netlist, or takes minutes; the LUT count is then an unoptimized upper bound.
+        netlist, or takes minutes; the LUT count is then an unoptimized upper bound. A callable
+        ``synth_abc(config) -> bool`` decides per configuration (:meth:`abc`).
     tb : str
         The cocotb module's name after ``tb/test_`` when a family holds blocks with different
         tests (default: the family's): ``tb/test_<family>_<what>.py``.
@@ -78,8 +79,12 @@ class Block:
     tiers: Callable = None
     tier_contents: tuple = ("", "")
     synth_flatten: bool = True
-    synth_abc: bool = True
+    synth_abc: object = True
     tb: str = ""
+
+    def abc(self, config):
+        """Whether the generic synthesis of ``config`` maps with ABC (``synth_abc``)."""
+        return self.synth_abc(config) if callable(self.synth_abc) else self.synth_abc
 
     @property
     def tb_module(self):

@@ -14,17 +14,50 @@ import dataclasses
 import operator
 from functools import reduce
 
-from amaranth.hdl import Cat, Module, Mux, Signal, signed
-from amaranth.lib import stream
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+from amaranth.lib import data, stream
 from amaranth.lib.wiring import In, Out
 
+from golden import fp as golden_fp
 from golden import systolic as golden
-from hw.params import ConfiguredComponent, choice_param, int_param, validate
+from hw.fp import FpAccumulator
+from hw.fparith import fp_add
+from hw.params import ConfiguredComponent, choice_param, int_param, param_error, validate
 from hw.pipeline import OutputQueue, lanes_layout
 from hw.registry import Block, register
 
 __all__ = ["os_grid", "SystolicConfig", "SystolicTileConfig", "OutputStationaryArray",
            "WeightStationaryArray", "SystolicTile"]
+
+# The floating-point datapath (seed 003 §3.1; the numerics of ``fp_dot``, one product per PE a
+# cycle). With ``dtype`` int these four are unused and the Verilog is the integer array's.
+DTYPE_PARAM = choice_param("int", ("int", "fp8_e4m3", "fp8_e5m2", "bf16"),
+                           "operands: in_width-bit integers, or FP8/BF16 codes")
+ACC_FRAC_PARAM = int_param(13, 4, 24, "F, fraction bits of a PE's accumulator (floating point)")
+PROMOTE_PARAM = int_param(128, 0, 128, "K elements per promotion into FP32 (floating point; "
+                          "0: at the end)")
+SCALE_PARAM = choice_param("fp32", ("fp32", "e8m0"), "format of the scales (floating point)")
+SCALE_BLOCK = 128                  # elements of K per scale (1x128 tiles, 128x128 blocks)
+
+
+def _check_float(config):
+    if config.promote_every and SCALE_BLOCK % config.promote_every:
+        raise param_error("promote_every", config.promote_every,
+                          f"0 or a divisor of {SCALE_BLOCK} (one scale pair per partial sum)")
+
+
+def is_float(config):
+    return getattr(config, "dtype", "int") != "int"
+
+
+def code_width(config):
+    """Bits of an input lane: in_width, or the operand format's code."""
+    return golden_fp.FORMATS[config.dtype].width if is_float(config) else config.in_width
+
+
+def scale_bits(config):
+    return 32 if config.scale_format == "fp32" else 8
+
 
 @dataclasses.dataclass(frozen=True)
 class SystolicConfig:
@@ -53,9 +86,18 @@ class SystolicConfig:
     dataflow: str = choice_param("os", ("os", "ws"), "output- or weight-stationary")
     in_width: int = int_param(8, 2, 16, "signed input lane width")
     acc_width: int = int_param(32, 2, 64, "signed accumulator width (wraps)")
+    dtype: str = DTYPE_PARAM
+    acc_frac: int = ACC_FRAC_PARAM
+    promote_every: int = PROMOTE_PARAM
+    scale_format: str = SCALE_PARAM
 
     def __post_init__(self):
         validate(self)
+        _check_float(self)
+        if self.dtype != "int" and self.dataflow != "os":
+            raise param_error("dataflow", self.dataflow,
+                              f"'os' with dtype {self.dtype} (the floating-point PEs are "
+                              "output-stationary)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,9 +116,23 @@ class SystolicTileConfig:
     arrays: int = int_param(4, 1, 16, "arrays n, each fed one K-slice")
     in_width: int = int_param(8, 2, 16, "signed input lane width")
     acc_width: int = int_param(32, 2, 64, "signed accumulator width (wraps)")
+    dtype: str = DTYPE_PARAM
+    acc_frac: int = ACC_FRAC_PARAM
+    promote_every: int = PROMOTE_PARAM
+    scale_format: str = SCALE_PARAM
 
     def __post_init__(self):
         validate(self)
+        _check_float(self)
+
+
+def float_layout(lanes, scales, config):
+    """A floating-point input beat: ``data`` (lanes codes of ``dtype``), ``scale`` (``scales``
+    codes of ``scale_format``: the block's scale for each row of A, or for each slice of B),
+    ``last``."""
+    return data.StructLayout({"data": data.ArrayLayout(code_width(config), lanes),
+                              "scale": data.ArrayLayout(scale_bits(config), scales),
+                              "last": 1})
 
 
 class _ArrayComponent(ConfiguredComponent):
@@ -90,12 +146,54 @@ class _ArrayComponent(ConfiguredComponent):
         stream ``c`` (``cols`` lanes of ``acc_width``) and the sticky ``error`` flag.
     """
 
-    def __init__(self, config, inputs):
-        members = {name: In(stream.Signature(lanes_layout(lanes, config.in_width)))
-                   for name, lanes in inputs.items()}
-        members["c"] = Out(stream.Signature(lanes_layout(config.cols, config.acc_width)))
+    def __init__(self, config, inputs, scales=None):
+        if is_float(config):
+            members = {name: In(stream.Signature(float_layout(lanes, scales[name], config)))
+                       for name, lanes in inputs.items()}
+            members["c"] = Out(stream.Signature(lanes_layout(config.cols, 32, is_signed=False)))
+        else:
+            members = {name: In(stream.Signature(lanes_layout(lanes, config.in_width)))
+                       for name, lanes in inputs.items()}
+            members["c"] = Out(stream.Signature(lanes_layout(config.cols, config.acc_width)))
         members["error"] = Out(1)
         super().__init__(config, members)
+
+    def _join(self, m, pipe):
+        cfg = self.config
+        return _OSJoin(m, pipe, self.a, self.b, self.error, cfg.rows,
+                       cfg.promote_every if is_float(cfg) else None)
+
+    def _grid(self, m, pipe, join, a_lanes, b_lanes, prefix):
+        """An OS grid on these lanes: integer, or floating-point PEs whose A lanes carry
+        their row's scale and B lanes their slice's."""
+        cfg = self.config
+        if not is_float(cfg):
+            return os_grid(m, pipe, cfg.rows, cfg.cols, cfg.acc_width,
+                           [data for data, _ in a_lanes], [data for data, _ in b_lanes],
+                           join.take, join.first, join.last, prefix=prefix)
+        width = code_width(cfg)
+
+        def pe(a_in, b_in, flags, name):
+            valid, first, last, part_first, promote = (flags[k] for k in range(5))
+            accumulator = FpAccumulator(m, cfg.dtype, 1, cfg.acc_frac, cfg.scale_format, name)
+            updates, _ = accumulator.step([a_in[:width]], [b_in[:width]], a_in[width:],
+                                          b_in[width:], part_first, first, promote | last, last)
+            with m.If(pipe.enable & valid):
+                m.d.sync += updates
+            return accumulator.total_code
+
+        return os_grid(m, pipe, cfg.rows, cfg.cols, 32,
+                       [Cat(data, scale) for data, scale in a_lanes],
+                       [Cat(data, scale) for data, scale in b_lanes],
+                       join.take, join.first, join.last, prefix=prefix, pe=pe,
+                       extra_flags=join.float_flags)
+
+    def _lanes(self, port, first, count, scale_of):
+        """``count`` lanes of ``port`` from ``first``: (data, its scale or None)."""
+        payload = port.payload
+        return [(payload.data[first + k],
+                 payload.scale[scale_of(first + k)] if is_float(self.config) else None)
+                for k in range(count)]
 
     def _output_stage(self, m):
         """The output queue on ``c`` and the pipeline that moves while it has a free slot."""
@@ -112,7 +210,7 @@ def _drive_output(m, queue, c, row_valid, row_last, row_data, advance):
 
 
 def os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, last, prefix,
-            product=operator.mul, readout="rows"):
+            product=operator.mul, readout="rows", pe=None, extra_flags=()):
     """Build an output-stationary PE grid; return (out_valid, out_last, out_values).
 
     Beat k enters row i of A delayed by i stages and column j of B delayed by j stages, so PE
@@ -125,8 +223,12 @@ def os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, last
     done sums and a deskew of ``rows-1-i`` stages on row i aligns column j's R sums, so the grid
     emits one column per cycle, column j of a tile ``j`` cycles after column 0 (in rows mode
     row i leaves ``i`` cycles after row 0).
+
+    ``pe(a, b, flags, name)``, when given, builds a PE other than the integer accumulator: it
+    makes its own registers, updated where ``flags`` (valid, first, last, ``extra_flags``...)
+    say, and returns the register read out at ``done`` (the floating-point PE).
     """
-    flags = Cat(valid, first, last)
+    flags = Cat(valid, first, last, *extra_flags)
     b_down = [pipe.delay(b_lanes[j], j, f"{prefix}bskew{j}") for j in range(cols)]
     acc = [[None] * cols for _ in range(rows)]
     done = [[None] * cols for _ in range(rows)]
@@ -136,12 +238,15 @@ def os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, last
         for j in range(cols):
             b_in = b_down[j]
             pe_valid, pe_first, pe_last = flags_in[0], flags_in[1], flags_in[2]
-            acc[i][j] = Signal(signed(acc_width), name=f"{prefix}acc_{i}_{j}")
             done[i][j] = Signal(name=f"{prefix}done_{i}_{j}")
-            # Truncation on assignment is the documented wrap-around.
-            update = Mux(pe_first, 0, acc[i][j]) + product(a_in, b_in)
-            with m.If(pipe.enable & pe_valid):
-                m.d.sync += acc[i][j].eq(update)
+            if pe is not None:
+                acc[i][j] = pe(a_in, b_in, flags_in, f"{prefix}pe_{i}_{j}_")
+            else:
+                acc[i][j] = Signal(signed(acc_width), name=f"{prefix}acc_{i}_{j}")
+                # Truncation on assignment is the documented wrap-around.
+                update = Mux(pe_first, 0, acc[i][j]) + product(a_in, b_in)
+                with m.If(pipe.enable & pe_valid):
+                    m.d.sync += acc[i][j].eq(update)
             pipe.add(done[i][j].eq(pe_valid & pe_last))
             if j + 1 < cols:
                 a_in = pipe.reg(a_in, f"{prefix}a_{i}_{j}")
@@ -177,7 +282,7 @@ class _OSJoin:
     cycles have passed since the previous one. Tiles with K >= R never wait.
     """
 
-    def __init__(self, m, pipe, a, b, error, rows):
+    def __init__(self, m, pipe, a, b, error, rows, promote_every=None):
         since_last = Signal(range(rows + 1), init=rows)
         spacing_ok = since_last >= rows
         self.take = Signal()
@@ -196,6 +301,18 @@ class _OSJoin:
                 m.d.sync += since_last.eq(1)
             with m.Elif(~spacing_ok):
                 m.d.sync += since_last.eq(since_last + 1)
+        self.float_flags = ()
+        if promote_every is not None:
+            # Floating point: a beat starts a partial sum (its index in the tile is a multiple
+            # of promote_every, or 0) or ends one (promotes: the next index is a multiple).
+            if promote_every:
+                chunk = Signal(range(promote_every), name="chunk_index")
+                part_first, promote = chunk == 0, chunk == promote_every - 1
+                with m.If(self.take):
+                    m.d.sync += chunk.eq(Mux(self.last | promote, 0, chunk + 1))
+            else:
+                part_first, promote = self.first, Const(0)
+            self.float_flags = (part_first, promote)
 
 
 class OutputStationaryArray(_ArrayComponent):
@@ -218,18 +335,17 @@ class OutputStationaryArray(_ArrayComponent):
     def __init__(self, config):
         if config.dataflow != "os":
             raise ValueError(f"OutputStationaryArray needs dataflow='os', got {config.dataflow!r}")
-        super().__init__(config, {"a": config.rows, "b": config.cols})
+        super().__init__(config, {"a": config.rows, "b": config.cols},
+                         {"a": config.rows, "b": 1})
 
     def elaborate(self, platform):
         cfg = self.config
         m = Module()
         queue, pipe = self._output_stage(m)
-        join = _OSJoin(m, pipe, self.a, self.b, self.error, cfg.rows)
-        row_valid, row_last, row_values = os_grid(
-            m, pipe, cfg.rows, cfg.cols, cfg.acc_width,
-            [self.a.payload.data[i] for i in range(cfg.rows)],
-            [self.b.payload.data[j] for j in range(cfg.cols)],
-            join.take, join.first, join.last, prefix="")
+        join = self._join(m, pipe)
+        row_valid, row_last, row_values = self._grid(
+            m, pipe, join, self._lanes(self.a, 0, cfg.rows, lambda i: i),
+            self._lanes(self.b, 0, cfg.cols, lambda j: 0), prefix="")
         _drive_output(m, queue, self.c, row_valid, row_last, row_values, pipe.enable)
         pipe.emit(m)
         return m
@@ -247,21 +363,20 @@ class SystolicTile(_ArrayComponent):
 
     def __init__(self, config):
         super().__init__(config, {"a": config.arrays * config.rows,
-                                  "b": config.arrays * config.cols})
+                                  "b": config.arrays * config.cols},
+                         {"a": config.arrays * config.rows, "b": config.arrays})
 
     def elaborate(self, platform):
         cfg = self.config
         R, C, n = cfg.rows, cfg.cols, cfg.arrays
         m = Module()
         queue, pipe = self._output_stage(m)
-        join = _OSJoin(m, pipe, self.a, self.b, self.error, R)
+        join = self._join(m, pipe)
         partial_rows = []
         for s in range(n):
-            row_valid, row_last, row_values = os_grid(
-                m, pipe, R, C, cfg.acc_width,
-                [self.a.payload.data[s * R + i] for i in range(R)],
-                [self.b.payload.data[s * C + j] for j in range(C)],
-                join.take, join.first, join.last, prefix=f"sa{s}_")
+            row_valid, row_last, row_values = self._grid(
+                m, pipe, join, self._lanes(self.a, s * R, R, lambda i: i),
+                self._lanes(self.b, s * C, C, lambda j: j // C), prefix=f"sa{s}_")
             if s == 0:
                 flags = Cat(row_valid, row_last)
             partial_rows.append(row_values)
@@ -271,7 +386,7 @@ class SystolicTile(_ArrayComponent):
             summed = []
             for p in range(0, len(partial_rows) - 1, 2):
                 summed.append([
-                    pipe.reg((x + y)[:cfg.acc_width].as_signed(), f"tree{level}_{p}_{j}")
+                    pipe.reg(self._add(m, x, y, f"tree{level}_{p}_{j}"), f"tree{level}_{p}_{j}")
                     for j, (x, y) in enumerate(zip(partial_rows[p], partial_rows[p + 1]))])
             if len(partial_rows) % 2:
                 summed.append([pipe.reg(x, f"tree{level}_pass_{j}")
@@ -282,6 +397,13 @@ class SystolicTile(_ArrayComponent):
         _drive_output(m, queue, self.c, flags[0], flags[1], partial_rows[0], pipe.enable)
         pipe.emit(m)
         return m
+
+
+    def _add(self, m, x, y, name):
+        """One adder of the tree: wrapping integers, or FP32 codes rounded once."""
+        if is_float(self.config):
+            return fp_add(m, x, y, golden_fp.FORMATS["fp32"], f"{name}_add")
+        return (x + y)[:self.config.acc_width].as_signed()
 
 
 class WeightStationaryArray(_ArrayComponent):
@@ -395,9 +517,17 @@ register(Block(
     name="systolic", family="systolic", config=SystolicConfig, build=build_systolic,
     figures=lambda cfg: golden.figures("systolic", **dataclasses.asdict(cfg)),
     summary="one R x C systolic array, output- or weight-stationary (SN40L PCU)",
+    # The cost trade-off seed 003 asks hardware to expose: int8 against FP8 and BF16 PEs,
+    # FP22 against FP32-like accumulation.
     demo_configs=({"rows": 4, "cols": 4, "dataflow": "os"},
                   {"rows": 3, "cols": 5, "dataflow": "os"},
-                  {"rows": 4, "cols": 4, "dataflow": "ws"}),
+                  {"rows": 4, "cols": 4, "dataflow": "ws"},
+                  {"rows": 4, "cols": 4, "dtype": "fp8_e4m3"},
+                  {"rows": 4, "cols": 4, "dtype": "fp8_e4m3", "acc_frac": 23},
+                  {"rows": 4, "cols": 4, "dtype": "fp8_e5m2"},
+                  {"rows": 4, "cols": 4, "dtype": "bf16"}),
+    # Floating-point PEs gate by gate: ABC takes many minutes on fp_dot's datapath (hw/fp.py).
+    synth_abc=lambda cfg: not is_float(cfg),
     area_unit="PE", area_units=lambda cfg: cfg.rows * cfg.cols,
     legend="cycles for 32 jobs of K=R (ideal = one MAC per PE per cycle)",
 ))

@@ -6,12 +6,14 @@ below hide the difference between the output-stationary blocks (ports a, b -> c)
 weight-stationary array (ports w, a -> c).
 """
 
+import math
 import time
 
 import cocotb
 from cocotb.triggers import ClockCycles
 
 from golden import fixed
+from golden import fp
 from golden import systolic as golden
 from tb.buffered import BufferedBench
 from tb.harness import load_dut_config, make_rng, write_throughput
@@ -77,29 +79,96 @@ class _Bench(StreamBench):
 
 
 class OSBench(_Bench):
-    """Output-stationary array and tile: a tile is n slices of (A_s, B_s)."""
+    """Output-stationary array and tile: a tile is n slices of (A_s, B_s); with a
+    floating-point ``dtype``, codes, and the scales of every 128-element block of K."""
     input_ports = ("a", "b")
 
     @property
     def arrays(self):
         return getattr(self.cfg, "arrays", 1)
 
+    @property
+    def float(self):
+        return getattr(self.cfg, "dtype", "int") != "int"
+
     def random_tile(self, depth, extremes=False):
-        R, C, w = self.cfg.rows, self.cfg.cols, self.cfg.in_width
+        R, C = self.cfg.rows, self.cfg.cols
+        if self.float:
+            blocks = -(-depth // golden.SCALE_BLOCK)
+            a = [[[self.code(extremes) for _ in range(depth)] for _ in range(R)]
+                 for _ in range(self.arrays)]
+            b = [[[self.code(extremes) for _ in range(C)] for _ in range(depth)]
+                 for _ in range(self.arrays)]
+            scales = ([[[self.random_scale() for _ in range(blocks)] for _ in range(R)]
+                       for _ in range(self.arrays)],
+                      [[self.random_scale() for _ in range(blocks)] for _ in range(self.arrays)])
+            return a, b, scales
+        w = self.cfg.in_width
         a = [_random_matrix(self.rng, (R, depth), w, extremes) for _ in range(self.arrays)]
         b = [_random_matrix(self.rng, (depth, C), w, extremes) for _ in range(self.arrays)]
         return a, b
 
-    def send_tile(self, a_slices, b_slices, b_last_beat=None):
-        """Queue one tile; ``b_last_beat`` puts ``b.last`` on another beat (protocol misuse)."""
+    # --- floating point ---
+    def code(self, extremes=False):
+        """A finite operand code of ``dtype``; with ``extremes``, often a special or boundary
+        one (signed zero, the smallest subnormal, the largest finite, NaN, infinity)."""
+        fmt, rng = fp.FORMATS[self.cfg.dtype], self.rng
+        sign = 1 << (fmt.width - 1)
+        if extremes and rng.random() < 0.3:
+            specials = [0, 1, fmt.max_code, 1 << fmt.man_bits, fmt.canonical_nan]
+            if fmt.ieee:
+                specials.append(((1 << fmt.exp_bits) - 1) << fmt.man_bits)
+            return rng.choice(specials) | rng.choice([0, sign])
+        while True:
+            code = rng.randrange(1 << fmt.width)
+            if fp.components(code, fmt)[0] == "num":
+                return code
+
+    def random_scale(self):
+        """A scale value: often 1, else a power of two (E8M0) or any FP32 value over 2**+-30."""
+        rng = self.rng
+        if rng.random() < 0.4:
+            return 1.0
+        if self.cfg.scale_format == "e8m0":
+            return 2.0 ** rng.randint(-30, 30)
+        return fp.decode(fp.encode(rng.uniform(-4, 4) * 2.0 ** rng.randint(-30, 30), "fp32"),
+                         "fp32")
+
+    def scale_code(self, value):
+        if self.cfg.scale_format == "fp32":
+            return fp.encode(value, "fp32")
+        return int(math.log2(value)) + 127
+
+    def send_tile(self, a_slices, b_slices, scales=None, b_last_beat=None):
+        """Queue one tile; ``b_last_beat`` puts ``b.last`` on another beat (protocol misuse);
+        ``scales``: (per slice per row, per slice) lists of per-block scale values."""
         depth = len(b_slices[0])
         b_last_beat = depth - 1 if b_last_beat is None else b_last_beat
+        if self.float:
+            blocks = -(-depth // golden.SCALE_BLOCK)
+            rows = len(a_slices[0])
+            scales = scales or ([[[1.0] * blocks for _ in range(rows)] for _ in a_slices],
+                                [[1.0] * blocks for _ in b_slices])
         for k in range(depth):
-            self.sources["a"].send({"data": [a[i][k] for a in a_slices for i in range(len(a))],
-                                    "last": int(k == depth - 1)})
-            self.sources["b"].send({"data": [v for b in b_slices for v in b[k]],
-                                    "last": int(k == b_last_beat)})
-        self._expect_rows(golden.tile_result(a_slices, b_slices, self.cfg.acc_width).tolist())
+            a_beat = {"data": [a[i][k] for a in a_slices for i in range(len(a))],
+                      "last": int(k == depth - 1)}
+            b_beat = {"data": [v for b in b_slices for v in b[k]], "last": int(k == b_last_beat)}
+            if self.float:
+                block = k // golden.SCALE_BLOCK
+                a_beat["scale"] = [self.scale_code(row[block]) for per_slice in scales[0]
+                                   for row in per_slice]
+                b_beat["scale"] = [self.scale_code(per_slice[block]) for per_slice in scales[1]]
+            self.sources["a"].send(a_beat)
+            self.sources["b"].send(b_beat)
+        if self.float:
+            cfg = self.cfg
+            config = fp.DotConfig(group=1, acc_frac=cfg.acc_frac,
+                                  promote_every=cfg.promote_every)
+            self._expect_rows(golden.fp_tile_result(a_slices, b_slices, cfg.dtype, config,
+                                                    *scales))
+        else:
+            self._expect_rows(golden.tile_result(a_slices, b_slices,
+                                                 self.cfg.acc_width).tolist())
 
     def send_random_job(self, depth):
         """Queue a random tile of depth K = ``depth``."""
@@ -210,8 +279,11 @@ async def test_extremes(dut):
     """Most negative x most negative, max x min, long sums that wrap at acc_width."""
     bench = await _setup(dut, "extremes", 0.3, 0.3)
     cfg = bench.cfg
-    lo, hi = fixed.signed_limits(cfg.in_width)
     long_depth = 3 * cfg.rows + 7
+    if isinstance(bench, OSBench) and bench.float:
+        await _float_extremes(bench, long_depth)
+        return
+    lo, hi = fixed.signed_limits(cfg.in_width)
     if isinstance(bench, OSBench):
         for depth, fill in ((cfg.rows, (lo, lo)), (1, (lo, lo)), (long_depth, (lo, lo)),
                             (cfg.rows + 1, (hi, lo))):
@@ -226,6 +298,29 @@ async def test_extremes(dut):
         bench.send_block(*bench.random_block(long_depth, extremes=True))
     bench.start()
     await bench.finish(_budget(4 * long_depth + 8 * cfg.rows, 0.3, 0.3))
+
+
+async def _float_extremes(bench, long_depth):
+    """Floating point: the largest finite products accumulated (the partial sum's exponent
+    saturates) and cancelling, the smallest subnormal products, a large product followed by
+    many small ones (the seed's truncation, across two 128-element scale blocks and their
+    promotions), and random tiles of special and boundary codes with random block scales."""
+    cfg, fmt = bench.cfg, fp.FORMATS[bench.cfg.dtype]
+    sign = 1 << (fmt.width - 1)
+    big, tiny, one = fmt.max_code, 1, fp.encode(1.0, fmt)
+    large = fp.encode(min(256.0, fmt.max_finite), fmt)
+    n, R, C = bench.arrays, cfg.rows, cfg.cols
+    for depth, (a_fill, b_fill) in ((R, (big, big)), (1, (tiny, tiny)), (long_depth, (big, big)),
+                                    (R + 1, (big, big | sign))):
+        bench.send_tile([[[a_fill] * depth for _ in range(R)]] * n,
+                        [[[b_fill] * C for _ in range(depth)]] * n)
+    crafted = 2 * golden.SCALE_BLOCK + 3
+    row = [large] + [one] * (crafted - 1)
+    bench.send_tile([[row] * R] * n, [[[large if k == 0 else one] * C for k in range(crafted)]] * n)
+    bench.send_tile(*bench.random_tile(crafted, extremes=True))
+    bench.send_tile(*bench.random_tile(long_depth, extremes=True))
+    bench.start()
+    await bench.finish(_budget(8 * crafted + 8 * R, 0.3, 0.3))
 
 
 @cocotb.test()

@@ -21,7 +21,6 @@ from hw.systolic import SystolicConfig, SystolicTileConfig
 # 1x1 corner, narrow and wide lanes, accumulators narrow enough that the tests see them wrap.
 SIM_CONFIGS = [
     ("systolic", {"rows": 3, "cols": 5, "dataflow": "os"}),
-    ("systolic", {"rows": 4, "cols": 4, "dataflow": "os", "acc_width": 12}),
     ("systolic", {"rows": 1, "cols": 1, "dataflow": "os"}),
     ("systolic", {"rows": 5, "cols": 2, "dataflow": "os", "in_width": 3}),
     ("systolic", {"rows": 3, "cols": 4, "dataflow": "ws"}),
@@ -30,9 +29,17 @@ SIM_CONFIGS = [
     ("systolic_tile", {"rows": 2, "cols": 3, "arrays": 3}),
     ("systolic_tile", {"rows": 3, "cols": 2, "arrays": 4, "acc_width": 14}),
     ("systolic_tile", {"rows": 2, "cols": 2, "arrays": 1}),
+    # Floating point (seed 003 §3.1): E4M3 with Hopper's FP22 accumulation, promoted every 128,
+    # FP32 scales; a BF16 tile of three arrays (an FP32 adder tree with a pass-through), 23
+    # fraction bits, promoted every 2 elements, E8M0 scales.
+    ("systolic", {"rows": 2, "cols": 3, "dtype": "fp8_e4m3"}),
+    ("systolic_tile", {"rows": 2, "cols": 2, "arrays": 3, "dtype": "bf16", "acc_frac": 23,
+                       "promote_every": 2, "scale_format": "e8m0"}),
 ]
 
 SWEEP_CONFIGS = [
+    ("systolic", {"rows": 4, "cols": 4, "dataflow": "os", "acc_width": 12}),
+    ("systolic", {"rows": 3, "cols": 1, "dtype": "fp8_e5m2", "acc_frac": 4, "promote_every": 0}),
     ("systolic", {"rows": 8, "cols": 8, "dataflow": "os"}),
     ("systolic", {"rows": 16, "cols": 3, "dataflow": "os", "in_width": 16, "acc_width": 40}),
     ("systolic", {"rows": 7, "cols": 9, "dataflow": "ws"}),
@@ -107,11 +114,34 @@ def test_figures_state_width_and_formulas():
     (SystolicTileConfig, "arrays", 0, "parameter 'arrays': got 0; allowed: an integer in 1..16"),
     (SystolicTileConfig, "arrays", 17, "parameter 'arrays': got 17; allowed: an integer in 1..16"),
     (SystolicTileConfig, "rows", -1, "parameter 'rows': got -1; allowed: an integer in 1..64"),
+    (SystolicConfig, "dtype", "fp16", "parameter 'dtype': got 'fp16'; allowed: one of 'int', "
+     "'fp8_e4m3', 'fp8_e5m2', 'bf16'"),
+    (SystolicConfig, "promote_every", 96, "parameter 'promote_every': got 96; allowed: 0 or a "
+     "divisor of 128 (one scale pair per partial sum)"),
+    (SystolicTileConfig, "acc_frac", 25, "parameter 'acc_frac': got 25; allowed: an integer in "
+     "4..24"),
 ])
 def test_config_rejects_bad_values(cls, field, value, message):
     with pytest.raises(ParamError) as info:
         cls(**{field: value})
     assert str(info.value) == message
+
+
+def test_floating_point_needs_the_output_stationary_dataflow():
+    with pytest.raises(ParamError) as info:
+        SystolicConfig(dataflow="ws", dtype="bf16")
+    assert str(info.value) == ("parameter 'dataflow': got ws; allowed: 'os' with dtype bf16 "
+                               "(the floating-point PEs are output-stationary)")
+
+
+def test_floating_point_ports_carry_codes_and_scales():
+    block = get_block("systolic_tile")
+    component = block.build(block.config(rows=2, cols=3, arrays=2, dtype="fp8_e5m2",
+                                         scale_format="e8m0"))
+    a = component.a.payload.shape()
+    assert a.size == 4 * 8 + 4 * 8 + 1          # 2 arrays x 2 rows: codes, E8M0 scales, last
+    assert component.b.payload.shape().size == 6 * 8 + 2 * 8 + 1
+    assert component.c.payload.shape().size == 3 * 32 + 1
 
 
 def test_config_accepts_range_ends():
@@ -145,7 +175,8 @@ def test_verilog_and_manifest_for_3x5(tmp_path):
     c_fields = {f["field"]: (f["lsb"], f["msb"]) for f in ports["c__payload"]["fields"]}
     assert c_fields["data.2"] == (64, 95) and c_fields["last"] == (160, 160)
     assert manifest["params"] == {"rows": 3, "cols": 5, "dataflow": "os", "in_width": 8,
-                                  "acc_width": 32}
+                                  "acc_width": 32, "dtype": "int", "acc_frac": 13,
+                                  "promote_every": 128, "scale_format": "fp32"}
     assert manifest["figures"]["first_output_latency_cycles_at_K_eq_R"] == 9
 
 
