@@ -33,13 +33,17 @@ def _ends(field):
 def _candidates(field):
     """Values another parameter may take to make an end reachable: its own ends, for an
     integer also the value above its low end (``topk_router groups=64`` needs 256 experts,
-    hence the serial router, scanning at most E/G = 4 lanes: ``scan_lanes=1``) and, for a
+    hence the serial router, scanning at most E/G = 4 lanes: ``scan_lanes=1``), the widths of
+    BF16 and FP32 (``nop_tree combine_dtype=fp32`` needs ``acc_width=32``) and, for a
     list, the widest first entry over the longest tail of smallest ones ((16, 2, 2): the most
     leaves a tree may have)."""
     values = _ends(field)
     meta = field.metadata
     if meta["kind"] == "int" and meta["hi"] > meta["lo"] + 1:
         values.append(meta["lo"] + 1)
+    if meta["kind"] == "int":
+        # The floating-point formats' widths (nop combine_dtype=fp32 needs acc_width=32).
+        values += [w for w in (16, 32) if meta["lo"] < w < meta["hi"] and w not in values]
     if meta["kind"] == "int_list":
         values += [(meta["hi"],) + (meta["lo"],) * n for n in range(1, meta["max_len"])]
     return values

@@ -40,6 +40,8 @@ SIM_CONFIGS = [
 SWEEP_CONFIGS = [
     ("systolic", {"rows": 4, "cols": 4, "dataflow": "os", "acc_width": 12}),
     ("systolic", {"rows": 3, "cols": 1, "dtype": "fp8_e5m2", "acc_frac": 4, "promote_every": 0}),
+    ("systolic_tile", {"rows": 1, "cols": 2, "arrays": 2, "dtype": "fp8_e4m3", "acc_frac": 24,
+                       "promote_every": 1}),
     ("systolic", {"rows": 8, "cols": 8, "dataflow": "os"}),
     ("systolic", {"rows": 16, "cols": 3, "dataflow": "os", "in_width": 16, "acc_width": 40}),
     ("systolic", {"rows": 7, "cols": 9, "dataflow": "ws"}),
