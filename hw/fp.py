@@ -30,7 +30,7 @@ from amaranth.utils import ceil_log2
 
 from golden import fp as golden
 from hw.params import ConfiguredComponent, choice_param, int_param, param_error, validate
-from hw.pipeline import max_tree
+from hw.pipeline import leading_one, max_tree
 from hw.registry import Block, register
 
 __all__ = ["FpDotConfig", "FpDot", "input_layout", "result_layout"]
@@ -99,15 +99,6 @@ def input_layout(config):
 def result_layout(config):
     """``result``: the dot product as an FP32 code."""
     return data.StructLayout({"result": 32})
-
-
-def _leading_one(m, value, name):
-    """Index of the highest set bit of ``value`` (0 when zero), as a priority chain."""
-    index = Signal(range(max(2, len(value))), name=name)
-    for bit in range(len(value)):          # later assignments win: the highest bit
-        with m.If(value[bit]):
-            m.d.comb += index.eq(bit)
-    return index
 
 
 def _operand(m, code, name, fmt):
@@ -191,7 +182,7 @@ class FpAccumulator:
             magnitude = Signal(2 * len(a_m), name=f"{p}p{i}_m")
             exponent = Signal(signed(E), name=f"{p}p{i}_x")
             m.d.comb += [magnitude.eq(a_m * b_m), exponent.eq(a_x + b_x)]
-            lead = _leading_one(m, magnitude, f"{p}p{i}_lead")
+            lead = leading_one(m, magnitude, f"{p}p{i}_lead")
             top = Signal(signed(E), name=f"{p}p{i}_top")
             m.d.comb += top.eq(Mux(magnitude == 0, emin, exponent + lead))
             products.append((sign, magnitude, exponent, top))
@@ -231,7 +222,7 @@ class FpAccumulator:
         m.d.comb += total.eq(sum(terms))
         magnitude = Signal(sum_width, name=f"{p}sum_abs")
         m.d.comb += magnitude.eq(Mux(total < 0, -total, total))
-        lead = _leading_one(m, magnitude, f"{p}sum_lead")
+        lead = leading_one(m, magnitude, f"{p}sum_lead")
         excess = Signal(signed(E + 1), name=f"{p}excess")      # > 0: carry bits to drop
         m.d.comb += excess.eq(lead - F)
         raised = Signal(signed(E + 1), name=f"{p}raised")
@@ -315,8 +306,8 @@ class FpAccumulator:
         product_x = Signal(signed(14))
         m.d.comb += [product.eq(mantissa * a_m * b_m), product_x.eq(exponent - F + a_x + b_x)]
         product_sign = sign ^ a_sign ^ b_sign
-        p_lead = _leading_one(m, product, f"{p}product_lead")
-        t_lead = _leading_one(m, t_m, f"{p}total_lead")
+        p_lead = leading_one(m, product, f"{p}product_lead")
+        t_lead = leading_one(m, t_m, f"{p}total_lead")
         p_top, t_top = Signal(signed(14)), Signal(signed(14))
         m.d.comb += [p_top.eq(product_x + p_lead), t_top.eq(t_x + t_lead)]
         p_zero, t_zero = product == 0, t_m == 0
@@ -341,7 +332,7 @@ class FpAccumulator:
         exact = Signal(width)                          # |sum| = exact + (sticky ? (0, 1) : 0)
         m.d.comb += exact.eq(Mux(lost & (lost_negative != result_sign), magnitude - 1,
                                  magnitude))
-        lead = _leading_one(m, exact, f"{p}round_lead")
+        lead = leading_one(m, exact, f"{p}round_lead")
         round_x = Signal(signed(14))                   # exponent of the kept last bit
         m.d.comb += round_x.eq(base + lead - 23)
         kept_x = Signal(signed(14))
@@ -377,8 +368,6 @@ class FpAccumulator:
         with m.Else():
             m.d.comb += code.eq(Cat(q[:23], biased[:8], result_sign))
         return code, a_nan | a_inf | b_nan | b_inf
-
-
 
 
 class FpDot(ConfiguredComponent):

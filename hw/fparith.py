@@ -7,15 +7,9 @@ special-value rules must be ours (golden.fp's), not a vendor core's.
 
 from amaranth.hdl import Cat, Const, Mux, Signal, signed
 
+from hw.pipeline import leading_one
+
 __all__ = ["fp_add"]
-
-
-def _highest_set(m, value, name):
-    index = Signal(range(max(2, len(value))), name=name)
-    for bit in range(len(value)):          # later assignments win: the highest bit
-        with m.If(value[bit]):
-            m.d.comb += index.eq(bit)
-    return index
 
 
 def fp_add(m, a, b, fmt, name):
@@ -60,7 +54,7 @@ def fp_add(m, a, b, fmt, name):
 
     # Renormalize: right by one on a carry; else left until the hidden bit is set, but not
     # below exponent 1 (then the result is subnormal).
-    lead = _highest_set(m, total, f"{name}_lead")
+    lead = leading_one(m, total, f"{name}_lead")
     normal = Signal(width, name=f"{name}_normal")
     exponent = Signal(signed(X), name=f"{name}_exponent")
     with m.If(total[width]):

@@ -26,7 +26,7 @@ from amaranth.utils import ceil_log2
 
 from golden import logfmt as golden
 from hw.params import ConfiguredComponent, int_param, param_error, validate
-from hw.pipeline import max_tree
+from hw.pipeline import leading_one, max_tree
 from hw.registry import Block, register
 
 __all__ = ["LogfmtEncoderConfig", "LogfmtDecoderConfig", "LogfmtEncoder", "LogfmtDecoder",
@@ -100,14 +100,6 @@ def _rom(values, width):
     return Array(Const(v, width) for v in values)
 
 
-def _leading_one(m, value, name):
-    index = Signal(range(max(2, len(value))), name=name)
-    for bit in range(len(value)):          # later assignments win: the highest bit
-        with m.If(value[bit]):
-            m.d.comb += index.eq(bit)
-    return index
-
-
 def _bf16_fields(code):
     """``(sign, nan, zero, magnitude)``: the magnitude a 15-bit integer, infinity taken as
     the largest finite one."""
@@ -122,7 +114,7 @@ def _bf16_fields(code):
 def _log2(m, magnitude, name):
     """The Q16 log2 of a nonzero finite BF16 magnitude (15 bits), signed LOG_BITS."""
     field, fraction = magnitude[7:15], magnitude[:7]
-    top = _leading_one(m, fraction, f"{name}_top")
+    top = leading_one(m, fraction, f"{name}_top")
     exponent = Signal(signed(10), name=f"{name}_exp")
     index = Signal(7, name=f"{name}_frac")
     with m.If(field == 0):                 # subnormal: fraction * 2**-133, normalized
@@ -225,7 +217,7 @@ class LogfmtEncoder(ConfiguredComponent):
         m.d.comb += step.eq(_divide_by_constant(
             Cat(Const(0, golden.STEP_FRAC - golden.LOG_FRAC), diff),
             D_BITS + golden.STEP_FRAC - golden.LOG_FRAC, levels - 1))
-        top = _leading_one(m, step, "step_top")               # e - 1
+        top = leading_one(m, step, "step_top")               # e - 1
         normalized = Signal(STEP_BITS + 1)                     # step * 2**(24 - e)
         m.d.comb += normalized.eq((step << STEP_BITS) >> top)
 

@@ -8,7 +8,7 @@ from amaranth.lib.fifo import SyncFIFO
 from golden.fixed import signed_limits
 
 __all__ = ["StallPipe", "OutputQueue", "OUT_FIFO_DEPTH", "lanes_layout", "saturate", "select",
-           "or_tree", "max_tree", "requant"]
+           "or_tree", "max_tree", "leading_one", "requant"]
 
 # Depth of an output queue. Two entries suffice for full throughput: a pipeline writes at most
 # one beat per cycle and a ready consumer reads one per cycle, so the level never exceeds one.
@@ -22,6 +22,16 @@ def lanes_layout(count, width, *, is_signed=True):
     """
     shape = signed(width) if is_signed else width
     return data.StructLayout({"data": data.ArrayLayout(shape, count), "last": 1})
+
+
+def leading_one(m, value, name):
+    """Index of the highest set bit of ``value`` (0 when zero), as a priority chain (the
+    normalizations of the floating-point and LogFMT datapaths)."""
+    index = Signal(range(max(2, len(value))), name=name)
+    for bit in range(len(value)):          # later assignments win: the highest bit
+        with m.If(value[bit]):
+            m.d.comb += index.eq(bit)
+    return index
 
 
 def max_tree(m, values, name):
