@@ -13,7 +13,8 @@ import cocotb
 
 from hw.registry import get_block
 
-__all__ = ["load_dut_config", "make_rng", "start_bench", "write_throughput", "THROUGHPUT_FILE"]
+__all__ = ["load_dut_config", "make_rng", "start_bench", "restart_bench", "write_throughput",
+           "THROUGHPUT_FILE"]
 
 # Written by each block's test_throughput in its run folder; read by flows/bench.py.
 THROUGHPUT_FILE = "throughput.json"
@@ -44,6 +45,13 @@ async def start_bench(bench_class, dut, salt, gap=0.0, stall=0.0):
     bench = bench_class(dut, config, component, make_rng(salt), gap, stall)
     await start_after_reset(dut, bench)
     return bench
+
+
+async def restart_bench(bench, bench_class, dut, salt, gap=0.0, stall=0.0):
+    """Reset mid-work: stop ``bench``'s drivers with the block busy, reset it (as
+    :func:`start_bench` does) and return a fresh bench that knows nothing of the old traffic."""
+    bench.stop()
+    return await start_bench(bench_class, dut, salt, gap, stall)
 
 
 def write_throughput(metrics, metric_unit, sim_cycles_per_second, **extra):

@@ -12,9 +12,9 @@ import cocotb
 from cocotb.triggers import ClockCycles
 
 from golden import fp as golden
-from tb.harness import start_bench, write_throughput
+from tb.harness import restart_bench, start_bench, write_throughput
 from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, assert_lockstep,
-                        edge_now, pause_fraction, reset_dut, wait_for)
+                        edge_now, pause_fraction, wait_for)
 
 
 class DotBench(StreamBench):
@@ -201,9 +201,7 @@ async def test_reset_mid_dot(dut):
     for _ in range(6):
         bench.random_dot()
     await ClockCycles(dut.clk, 4)
-    bench.stop()
-    await reset_dut(dut)
-    bench = await start_bench(DotBench, dut, "after-reset", 0.2, 0.5)
+    bench = await restart_bench(bench, DotBench, dut, "after-reset", 0.2, 0.5)
     for _ in range(20):
         bench.random_dot()
     await bench.drain(0.2, 0.5)

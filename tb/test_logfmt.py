@@ -12,10 +12,10 @@ import cocotb
 from cocotb.triggers import ClockCycles
 
 from golden import logfmt as golden
-from tb.harness import start_bench, write_throughput
+from tb.harness import restart_bench, start_bench, write_throughput
 from tb.logfmt_tiles import EDGE_KINDS, KINDS, random_tile
 from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, assert_lockstep,
-                        edge_now, pause_fraction, reset_dut, wait_for)
+                        edge_now, pause_fraction, wait_for)
 
 
 class EncoderBench(StreamBench):
@@ -106,9 +106,7 @@ async def test_reset_mid_tile(dut):
         bench.random_tile()
     bench.sources["inp"].send({"data": [0x3F80] * bench.cfg.lanes})   # an unfinished tile
     await ClockCycles(dut.clk, 3 * bench.cfg.beats + 5)
-    bench.stop()
-    await reset_dut(dut)
-    bench = await start_bench(EncoderBench, dut, "after-reset", 0.2, 0.5)
+    bench = await restart_bench(bench, EncoderBench, dut, "after-reset", 0.2, 0.5)
     for _ in range(_tiles(bench.cfg, 400)):
         bench.random_tile()
     await bench.drain(0.2, 0.5)

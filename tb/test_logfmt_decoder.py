@@ -11,10 +11,10 @@ import cocotb
 from cocotb.triggers import ClockCycles
 
 from golden import logfmt as golden
-from tb.harness import start_bench, write_throughput
+from tb.harness import restart_bench, start_bench, write_throughput
 from tb.logfmt_tiles import EDGE_KINDS, KINDS, random_tile
 from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, assert_lockstep,
-                        edge_now, pause_fraction, reset_dut, wait_for)
+                        edge_now, pause_fraction, wait_for)
 
 LO_BITS, STEP_BITS = 25, 23                  # the port's fields (docs/blocks/logfmt.md)
 
@@ -121,9 +121,7 @@ async def test_reset_mid_stream(dut):
     for _ in range(30):
         bench.random_beat()
     await ClockCycles(dut.clk, 12)
-    bench.stop()
-    await reset_dut(dut)
-    bench = await start_bench(DecoderBench, dut, "after-reset", 0.2, 0.5)
+    bench = await restart_bench(bench, DecoderBench, dut, "after-reset", 0.2, 0.5)
     for _ in range(3):
         bench.encoded_tile()
     await bench.drain(0.2, 0.5)
