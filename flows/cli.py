@@ -1,4 +1,4 @@
-"""The ``moegen`` command: list, verilog, sim, synth, doctor, bench, demo, schedule, numerics, docs.
+"""The ``moegen`` command: list, verilog, sim, synth, formal, doctor, bench, demo, schedule, numerics, docs.
 
 Every subcommand is a thin layer over the Python API in ``flows``. Bad input (unknown block,
 parameter, simulator or target; a value of the wrong type or out of range) prints one line,
@@ -48,6 +48,20 @@ def _require_tiers(block):
         raise _UsageError(f"option '--3d': block {block.name!r} has no tier partition; "
                           "allowed for: " + ", ".join(b.name for b in all_blocks()
                                                       if b.tiers is not None))
+
+
+def cmd_formal(args):
+    from flows.formal import run_formal
+    block, config = _block_and_config(args)
+    if not 1 <= args.depth <= 200:
+        raise _UsageError(f"option '--depth': got {args.depth}; allowed: an integer in 1..200")
+    result = run_formal(block, config, args.mode, args.depth)
+    how = ("proven for all traffic (k-induction)" if result["proof"] else
+           f"{result['mode']} to depth {result['depth']}")
+    print(f"{block.name}: stream rules of every port: {result['status']} ({how})")
+    if result["trace"]:
+        print(f"counterexample: {result['trace']}")
+    return 0 if result["status"] == "PASS" else 1
 
 
 def cmd_verilog(args):
@@ -229,6 +243,13 @@ def _parser():
     p.add_argument("--3d", dest="three_d", action="store_true",
                    help="simulate the two-tier 3D build in lockstep with the 2D build")
     p.set_defaults(func=cmd_sim)
+    p = sub.add_parser("formal", help="prove the stream rules of every port (SymbiYosys, z3)")
+    with_block(p)
+    p.add_argument("--mode", default="prove", choices=["prove", "bmc"],
+                   help="k-induction (a proof when it closes) or bounded model checking")
+    p.add_argument("--depth", type=int, default=10,
+                   help="induction length or BMC depth in cycles")
+    p.set_defaults(func=cmd_formal)
     p = sub.add_parser("synth", help="Yosys synthesis: cells, flip-flops, LUTs, DSPs")
     with_block(p)
     p.add_argument("--target", default="generic", choices=["generic", "ice40", "ecp5"])

@@ -100,6 +100,8 @@ def doctor_rows():
                          "PyPI"))
         except ImportError:
             rows.append((dist, None, None, False, "PyPI: run `make setup`"))
+    rows.append(("z3", shutil.which("z3"), "-", shutil.which("z3") is not None,
+                 "Debian package z3: the solver of `moegen formal`"))
     for cmd in ("g++", "make", "perl"):
         rows.append((cmd, shutil.which(cmd), "-", shutil.which(cmd) is not None,
                      "needed to build Verilator models"))
