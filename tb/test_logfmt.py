@@ -58,7 +58,7 @@ class EncoderBench(StreamBench):
             assert got == want, f"row edges {got[:12]}..., golden {want[:12]}..."
 
 
-def _tiles(cfg, budget=1500):
+def _tiles(cfg, budget=800):
     """Tiles per test: at least 12, else about ``budget`` rows."""
     return max(12, budget // cfg.beats)
 

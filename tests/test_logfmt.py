@@ -127,7 +127,8 @@ def test_divider_is_done_within_a_tile_and_the_fifo_covers_its_latency():
 # with a whole tile of 5 a row (T = 1: the reciprocal in one cycle); n = 9, one lane, tiles of
 # 30 (T = 30 >= 26: one quotient bit a cycle).
 ENCODER_CONFIGS = [{}, {"bits": 10, "tile": 5, "lanes": 5}, {"bits": 9, "tile": 30, "lanes": 1}]
-DECODER_CONFIGS = [{}, {"bits": 10, "lanes": 3}, {"bits": 9, "lanes": 1}]
+DECODER_CONFIGS = [{}, {"bits": 10, "lanes": 3}]
+SWEEP_DECODER_CONFIGS = [{"bits": 9, "lanes": 1}, {"lanes": 32}]
 COCOTB_TESTS = 7
 
 
@@ -140,6 +141,14 @@ def test_encoder_cocotb(params, simulator):
 @pytest.mark.parametrize("simulator", SIMULATORS)
 @pytest.mark.parametrize("params", DECODER_CONFIGS, ids=[config_id(p) for p in DECODER_CONFIGS])
 def test_decoder_cocotb(params, simulator):
+    assert run_block("logfmt_decoder", params, simulator).tests == COCOTB_TESTS
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("simulator", SIMULATORS)
+@pytest.mark.parametrize("params", SWEEP_DECODER_CONFIGS,
+                         ids=[config_id(p) for p in SWEEP_DECODER_CONFIGS])
+def test_decoder_cocotb_sweep(params, simulator):
     assert run_block("logfmt_decoder", params, simulator).tests == COCOTB_TESTS
 
 
