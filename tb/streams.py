@@ -24,7 +24,8 @@ __all__ = ["CLOCK_PERIOD_NS", "STALL_PROFILES", "LONG_BURSTS", "ProtocolError", 
            "RandomPauses", "BurstPauses", "PeriodicPauses", "pauses", "pause_fraction",
            "start_clock", "assert_lockstep", "reset_dut", "start_after_reset", "edge_now",
            "StreamSource",
-           "StreamMonitor", "StreamSink", "StreamBench", "JobBench", "InOrderScoreboard",
+           "StreamMonitor", "StreamSink", "StreamBench", "PipeBench", "JobBench",
+           "InOrderScoreboard", "beats_per_cycle",
            "stream_layout", "Worker",
            "wait_for", "check_in_order"]
 
@@ -453,6 +454,31 @@ class StreamBench:
             port.received.clear()
         for source in self.sources.values():
             source.sent_edges.clear()
+
+
+class PipeBench(StreamBench):
+    """A :class:`StreamBench` for a one-in, one-out pipeline: a source on ``inp``, a sink on
+    ``out`` and the expected beats in order on ``board`` (an :class:`InOrderScoreboard` named
+    ``board_name``)."""
+
+    def __init__(self, dut, component, rng, gap=0.0, stall=0.0, board_name="out"):
+        super().__init__(dut, component, rng, ("inp",), ("out",), gap, stall)
+        self.board = InOrderScoreboard(board_name, component.out.payload.shape())
+
+    async def drain_within(self, cycles, what, gap=0.0, stall=0.0):
+        """Wait until every expected beat is out, allowing ``cycles`` stretched by the pauses
+        of ``gap`` and ``stall`` (plus 400), then 3 more edges; under ``--3d`` check that the
+        3D build never differed from the 2D build."""
+        slowdown = 1.0 / ((1.0 - pause_fraction(gap)) * (1.0 - pause_fraction(stall)))
+        await wait_for(self.dut, lambda: len(self.sinks["out"].received) ==
+                       len(self.board.expected), int(cycles * slowdown) + 400, what)
+        await ClockCycles(self.dut.clk, 3)
+        assert_lockstep(self.dut)
+
+
+def beats_per_cycle(edges):
+    """Transfers per cycle over the span of ``edges`` (their edge numbers, in order)."""
+    return len(edges) / (edges[-1] - edges[0] + 1)
 
 
 class JobBench(StreamBench):

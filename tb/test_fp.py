@@ -13,18 +13,16 @@ from cocotb.triggers import ClockCycles
 
 from golden import fp as golden
 from tb.harness import restart_bench, start_bench, write_throughput
-from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, assert_lockstep,
-                        edge_now, pause_fraction, wait_for)
+from tb.streams import STALL_PROFILES, PipeBench, beats_per_cycle, edge_now
 
 
-class DotBench(StreamBench):
+class DotBench(PipeBench):
     """A source on ``inp``, a sink on ``out``, the golden results in order."""
 
     def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
-        super().__init__(dut, component, rng, ("inp",), ("out",), gap, stall)
+        super().__init__(dut, component, rng, gap, stall, board_name="result")
         self.cfg = config
         self.fmt = config.format
-        self.board = InOrderScoreboard("result", component.out.payload.shape())
         self.beats = 0
         self.last_flags = []             # per beat sent, in order
 
@@ -107,12 +105,7 @@ class DotBench(StreamBench):
         self.send_dot(a, b, *self.scales(count))
 
     async def drain(self, gap=0.0, stall=0.0):
-        slowdown = 1.0 / ((1.0 - pause_fraction(gap)) * (1.0 - pause_fraction(stall)))
-        await wait_for(self.dut, lambda: len(self.sinks["out"].received) ==
-                       len(self.board.expected), int(4 * self.beats * slowdown) + 400,
-                       "every result out")
-        await ClockCycles(self.dut.clk, 3)
-        assert_lockstep(self.dut)
+        await self.drain_within(4 * self.beats, "every result out", gap, stall)
 
     def check(self):
         self.board.check(self.sinks["out"])
@@ -219,11 +212,10 @@ async def test_throughput(dut):
     await bench.drain()
     bench.check()
     taken = bench.sources["inp"].sent_edges
-    cycles = taken[-1] - taken[0] + 1
-    beats_per_cycle = len(taken) / cycles
-    assert beats_per_cycle == 1.0
-    write_throughput({"beats_per_cycle": beats_per_cycle,
-                      "products_per_cycle": beats_per_cycle * bench.cfg.group,
+    rate = beats_per_cycle(taken)
+    assert rate == 1.0
+    write_throughput({"beats_per_cycle": rate,
+                      "products_per_cycle": rate * bench.cfg.group,
                       "latency_cycles": 1, "dot_products": len(bench.board.expected)},
                      "operand pairs of group g per cycle, every port ready",
                      (edge_now() - first_edge) / (time.perf_counter() - began))

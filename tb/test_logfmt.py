@@ -14,17 +14,15 @@ from cocotb.triggers import ClockCycles
 from golden import logfmt as golden
 from tb.harness import restart_bench, start_bench, write_throughput
 from tb.logfmt_tiles import EDGE_KINDS, KINDS, random_tile
-from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, assert_lockstep,
-                        edge_now, pause_fraction, wait_for)
+from tb.streams import STALL_PROFILES, PipeBench, beats_per_cycle, edge_now
 
 
-class EncoderBench(StreamBench):
+class EncoderBench(PipeBench):
     """A source on ``inp``, a sink on ``out``, the golden rows in order."""
 
     def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
-        super().__init__(dut, component, rng, ("inp",), ("out",), gap, stall)
+        super().__init__(dut, component, rng, gap, stall)
         self.cfg = config
-        self.board = InOrderScoreboard("out", component.out.payload.shape())
         self.rows = 0
 
     def send_tile(self, codes):
@@ -41,13 +39,8 @@ class EncoderBench(StreamBench):
         self.send_tile(random_tile(self.rng, self.cfg.tile, self.rng.choice(kinds)))
 
     async def drain(self, gap=0.0, stall=0.0):
-        slowdown = 1.0 / ((1.0 - pause_fraction(gap)) * (1.0 - pause_fraction(stall)))
-        beats = self.cfg.beats
-        await wait_for(self.dut, lambda: len(self.sinks["out"].received) ==
-                       len(self.board.expected),
-                       int((3 * self.rows + 4 * beats + 60) * slowdown) + 400, "every row out")
-        await ClockCycles(self.dut.clk, 3)
-        assert_lockstep(self.dut)
+        await self.drain_within(3 * self.rows + 4 * self.cfg.beats + 60, "every row out", gap,
+                                stall)
 
     def check(self, timed=False):
         self.board.check(self.sinks["out"])
@@ -124,7 +117,7 @@ async def test_throughput(dut):
     await bench.drain()
     bench.check(timed=True)
     out = [edge for edge, _ in bench.sinks["out"].received]
-    rows_per_cycle = len(out) / (out[-1] - out[0] + 1)
+    rows_per_cycle = beats_per_cycle(out)
     assert rows_per_cycle == 1.0
     taken = bench.sources["inp"].sent_edges
     write_throughput({"elements_per_cycle": rows_per_cycle * bench.cfg.lanes,
