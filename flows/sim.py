@@ -170,6 +170,15 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
                      sum(r.build_seconds for r in results), sum(r.test_seconds for r in results))
 
 
+def _drop_intermediates(build_dir):
+    """Deletes what only the C++ compile needs: Verilator's two precompiled headers are about
+    70 MB each, so a full ``make test`` would otherwise leave about 6 GB behind (and a machine
+    with little disk free fails its later builds). The simulation runs only the executable."""
+    for pattern in ("*.gch", "*.o", "*.a"):
+        for path in build_dir.glob(pattern):
+            path.unlink()
+
+
 def _run_one(block, config, simulator, harness, testcase, label, *, waves, seed, quiet, three_d,
              optimize, exclude):
     """One build and run: ``harness`` "direct" (the block, every test but ``exclude``) or
@@ -215,6 +224,8 @@ def _run_one(block, config, simulator, harness, testcase, label, *, waves, seed,
                              build_args=build_args,
                              timescale=TIMESCALE, waves=waves, always=True,
                              log_file=build_dir / "build.log" if quiet else None)
+            if simulator == "verilator":
+                _drop_intermediates(build_dir)
             stamp.write_text(digest)
         built = time.monotonic()
     test_dir = build_dir / "run" / label
