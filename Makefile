@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 JOBS ?= 2
 
-.PHONY: setup demo test bench sweep doctor clean
+.PHONY: setup demo test bench sweep mutate doctor clean
 
 setup:
 	@bash flows/setup.sh
@@ -18,6 +18,11 @@ test: setup
 # Long sweeps over larger and odder sizes (not part of `make test`).
 sweep: setup
 	$(BIN)/python -m pytest -n $(JOBS) -m sweep tests
+
+# Mutation score of every block (docs/mutation.md); about an hour, not part of `make test`.
+MUTANTS ?= 20
+mutate: setup
+	$(BIN)/moegen mutate --all -n $(MUTANTS)
 
 bench: setup
 	$(BIN)/moegen bench

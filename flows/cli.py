@@ -1,4 +1,4 @@
-"""The ``moegen`` command: list, verilog, sim, synth, formal, doctor, bench, demo, schedule, numerics, docs.
+"""The ``moegen`` command: list, verilog, sim, synth, formal, mutate, doctor, bench, demo, schedule, numerics, docs.
 
 Every subcommand is a thin layer over the Python API in ``flows``. Bad input (unknown block,
 parameter, simulator or target; a value of the wrong type or out of range) prints one line,
@@ -62,6 +62,41 @@ def cmd_formal(args):
     if result["trace"]:
         print(f"counterexample: {result['trace']}")
     return 0 if result["status"] == "PASS" else 1
+
+
+def cmd_mutate(args):
+    from flows.mutate import MutationError, run_mutation, scored_configs
+    if args.all == bool(args.block):
+        raise _UsageError("argument BLOCK: give one block name or --all")
+    if args.all and args.param:
+        raise _UsageError("option '-p': not allowed with --all (every block runs at its "
+                          "configuration in flows/mutate.py SCORED_CONFIGS)")
+    if not 1 <= args.count <= 1000:
+        raise _UsageError(f"option '-n': got {args.count}; allowed: an integer in 1..1000")
+    if not 1 <= args.jobs <= 64:
+        raise _UsageError(f"option '--jobs': got {args.jobs}; allowed: an integer in 1..64")
+    if not 0 <= args.seed < 2**31:
+        raise _UsageError(f"option '--seed': got {args.seed}; allowed: an integer in "
+                          f"0..{2**31 - 1}")
+    jobs = scored_configs() if args.all else [_block_and_config(args)]
+    rows, status = [], 0
+    for block, config in jobs:
+        try:
+            report = run_mutation(block, config, args.count, args.sim, args.seed, args.jobs)
+        except MutationError as failure:
+            print(f"moegen: FAILED: {failure}", file=sys.stderr)
+            rows.append((block.name, "-", "-", "-", "-", "flow failed"))
+            status = 1
+            continue
+        score = "n/a" if report["score"] is None else f"{100 * report['score']:.1f}%"
+        rows.append((block.name, report["sampled"], report["killed"], report["survived"],
+                     report["equivalent"], score))
+        for survivor in report["survivors"]:
+            print(f"survived: mutant {survivor['index']}: {survivor['mutation']} "
+                  f"({survivor['how']})")
+        print(f"report: {report['path']}")
+    print(table(["block", "sampled", "killed", "survived", "equivalent", "score"], rows))
+    return status
 
 
 def cmd_verilog(args):
@@ -177,7 +212,10 @@ def cmd_docs(args):
     if args.bench and not Path(args.bench).is_file():
         raise _UsageError(f"option '--bench': got {args.bench}; allowed: a bench.json that "
                           "`make bench` wrote")
-    for path in docs.update(args.bench):
+    if args.mutation and not Path(args.mutation).is_file():
+        raise _UsageError(f"option '--mutation': got {args.mutation}; allowed: a "
+                          "mutation.json that `make mutate` wrote")
+    for path in docs.update(args.bench, args.mutation):
         print(f"wrote {path}")
     return 0
 
@@ -250,6 +288,18 @@ def _parser():
     p.add_argument("--depth", type=int, default=10,
                    help="induction length or BMC depth in cycles")
     p.set_defaults(func=cmd_formal)
+    p = sub.add_parser("mutate", help="mutation score: Yosys mutants of the netlist against "
+                       "the block's cocotb suite")
+    p.add_argument("block", nargs="?", help="block name (see `moegen list`)")
+    p.add_argument("-p", "--param", action="append", metavar="KEY=VALUE",
+                   help="set a parameter (repeatable)")
+    p.add_argument("--all", action="store_true",
+                   help="every block at its `make mutate` configuration")
+    p.add_argument("-n", dest="count", type=int, default=20, help="mutants to sample")
+    p.add_argument("--sim", default="verilator", choices=["icarus", "verilator"])
+    p.add_argument("--seed", type=int, default=1, help="seed of Yosys's sampling")
+    p.add_argument("--jobs", type=int, default=2, help="mutants run in parallel")
+    p.set_defaults(func=cmd_mutate)
     p = sub.add_parser("synth", help="Yosys synthesis: cells, flip-flops, LUTs, DSPs")
     with_block(p)
     p.add_argument("--target", default="generic", choices=["generic", "ice40", "ecp5"])
@@ -284,6 +334,8 @@ def _parser():
                        "README.md and docs/blocks/")
     p.add_argument("--bench", metavar="BENCH_JSON",
                    help="first record this `make bench` output as docs/bench.json")
+    p.add_argument("--mutation", metavar="MUTATION_JSON",
+                   help="first merge this `make mutate` output into docs/mutation.json")
     p.add_argument("--check", action="store_true",
                    help="change nothing; exit 1 if a table differs from what it would write")
     p.set_defaults(func=cmd_docs)

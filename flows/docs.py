@@ -6,7 +6,10 @@ between markers so they cannot drift from the code and the measurements:
 * ``<!-- moegen:params BLOCK -->``: the parameter table, from the registry (:func:`hw.params.describe`);
 * ``<!-- moegen:figures BLOCK -->``: the figure table, from ``docs/bench.json``, the record of the
   last ``make bench`` (``moegen docs --bench build/bench.json`` copies a new one in);
-* ``<!-- moegen:blocks -->`` (README): the block table with a link to each family's page.
+* ``<!-- moegen:blocks -->`` (README): the block table with a link to each family's page;
+* ``<!-- moegen:mutation BLOCK -->`` and ``<!-- moegen:mutation -->`` (every block): the mutation
+  score, from ``docs/mutation.json``, the record of the last ``make mutate``
+  (``moegen docs --mutation build/mutation.json`` copies a new one in).
 
 ``tests/test_architecture.py`` fails when the committed docs differ from what this writes.
 """
@@ -23,6 +26,7 @@ __all__ = ["DOCS", "BENCH_RECORD", "render", "update", "stale_files"]
 
 DOCS = REPO_ROOT / "docs"
 BENCH_RECORD = DOCS / "bench.json"
+MUTATION_RECORD = DOCS / "mutation.json"
 _MARKER = re.compile(r"(<!-- moegen:(\w+)(?: (\w+))? -->\n)(.*?)(<!-- /moegen:\2 -->)", re.S)
 
 
@@ -96,11 +100,45 @@ def _blocks_table():
                        b.summary) for b in all_blocks()])
 
 
-def render(text, bench):
+def _score(entry):
+    return "n/a" if entry["score"] is None else f"{100 * entry['score']:.0f}%"
+
+
+def _mutation_row(entry):
+    params = ", ".join(f"{k}={v}" for k, v in sorted(entry["params"].items()))
+    return (f"`{entry['block']}`", params, entry["simulator"], entry["sampled"],
+            entry["killed"], entry["survived"], entry["equivalent"], _score(entry))
+
+
+_MUTATION_HEADERS = ["block", "configuration", "simulator", "mutants", "killed", "survived",
+                     "equivalent", "score"]
+
+
+def _mutation_table(name, record):
+    if name is None:
+        if not record:
+            return "No `make mutate` record yet.\n"
+        return _md_table(_MUTATION_HEADERS, [_mutation_row(record[b]) for b in sorted(record)])
+    entry = record.get(name)
+    if entry is None:
+        return (f"No `make mutate` record of `{name}` yet (run `make mutate`, then "
+                f"`moegen docs --mutation build/mutation.json`).\n")
+    survivors = "".join(f"- mutant {m['index']}, {m['mutation']}: {m['how']}\n"
+                        for m in entry["survivors"])
+    return (_md_table(_MUTATION_HEADERS, [_mutation_row(entry)]) +
+            ("\nSurvivors (no test failed; not proven equivalent):\n\n" + survivors
+             if survivors else ""))
+
+
+def render(text, bench, mutation=None):
     """``text`` with every marked table regenerated."""
+    mutation = mutation or {}
+
     def fill(match):
         kind, name = match.group(2), match.group(3)
-        if kind == "params":
+        if kind == "mutation":
+            body = _mutation_table(name, mutation)
+        elif kind == "params":
             body = _params_table(name)
         elif kind == "figures":
             body = _figures_table(name, bench)
@@ -113,11 +151,16 @@ def render(text, bench):
 
 
 def _files():
-    return [REPO_ROOT / "README.md", *sorted((DOCS / "blocks").glob("*.md"))]
+    return [REPO_ROOT / "README.md", DOCS / "mutation.md",
+            *sorted((DOCS / "blocks").glob("*.md"))]
 
 
 def _bench():
     return json.loads(BENCH_RECORD.read_text()) if BENCH_RECORD.exists() else {}
+
+
+def _mutation():
+    return json.loads(MUTATION_RECORD.read_text()) if MUTATION_RECORD.exists() else {}
 
 
 def merge_bench(old, new):
@@ -134,21 +177,26 @@ def merge_bench(old, new):
 
 def stale_files():
     """The documentation files whose generated tables differ from what :func:`update` writes."""
-    bench = _bench()
-    return [path for path in _files() if render(path.read_text(), bench) != path.read_text()]
+    bench, mutation = _bench(), _mutation()
+    return [path for path in _files()
+            if render(path.read_text(), bench, mutation) != path.read_text()]
 
 
-def update(bench_json=None):
-    """Regenerate every table (after copying ``bench_json`` to docs/bench.json, if given);
-    returns the files that changed."""
+def update(bench_json=None, mutation_json=None):
+    """Regenerate every table (after copying ``bench_json`` to docs/bench.json and merging
+    ``mutation_json`` into docs/mutation.json, if given); returns the files that changed."""
     if bench_json is not None:
         BENCH_RECORD.write_text(json.dumps(merge_bench(_bench(), json.loads(
             Path(bench_json).read_text())), indent=2) + "\n")
-    bench = _bench()
+    if mutation_json is not None:
+        MUTATION_RECORD.write_text(json.dumps(
+            {**_mutation(), **json.loads(Path(mutation_json).read_text())},
+            indent=2, sort_keys=True) + "\n")
+    bench, mutation = _bench(), _mutation()
     changed = []
     for path in _files():
         text = path.read_text()
-        new = render(text, bench)
+        new = render(text, bench, mutation)
         if new != text:
             path.write_text(new)
             changed.append(path)

@@ -13,7 +13,7 @@ __all__ = ["KINDS", "EDGE_KINDS", "random_tile"]
 BF16_INF, BF16_NAN = 0x7F80, 0x7FC0
 KINDS = ("gaussian", "heavy", "codes", "mixed")
 EDGE_KINDS = ("zeros", "signed_zeros", "constant", "single", "wide", "subnormal", "extremes",
-              "nan", "infinity", "two_levels")
+              "nan", "infinity", "only_infinity", "only_nan", "two_levels")
 
 
 def _bf16(value):
@@ -57,6 +57,13 @@ def random_tile(rng, size, kind):
     if kind == "infinity":
         return [rng.choice([BF16_INF, BF16_INF | 0x8000, _bf16(rng.gauss(0, 1e38))])
                 for _ in range(size)]
+    # Tiles whose only nonzero elements are infinities, or NaNs: whether the tile has any
+    # number at all (its lo) then hangs on telling the two apart (a mutant that swapped them
+    # passed every other tile).
+    if kind == "only_infinity":
+        return [rng.choice([BF16_INF, BF16_INF | 0x8000, 0, 0x8000]) for _ in range(size)]
+    if kind == "only_nan":
+        return [rng.choice([BF16_NAN | rng.choice([0, 0x8000, 0x3F]), 0]) for _ in range(size)]
     if kind == "two_levels":    # two adjacent magnitudes: the smallest step there is
         base = rng.randrange(0x0100, 0x7F00)
         return [rng.choice([base, base + 1]) for _ in range(size)]

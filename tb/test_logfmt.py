@@ -79,8 +79,8 @@ async def test_random_tiles(dut, gap, stall):
 async def test_edge_tiles(dut):
     """Zeros only, signed zeros, one value repeated, a single nonzero element, a range beyond
     2**32 (clamped), subnormals, the largest and smallest magnitudes together, a NaN (the tile's
-    flag), infinities (the largest finite value) and two adjacent magnitudes (the smallest step),
-    each several times, back to back."""
+    flag), infinities (the largest finite value), tiles of only infinities or only NaNs (with
+    zeros) and two adjacent magnitudes (the smallest step), each several times, back to back."""
     bench = await start_bench(EncoderBench, dut, "edges")
     for kind in EDGE_KINDS:
         for _ in range(3):

