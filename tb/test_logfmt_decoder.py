@@ -8,7 +8,7 @@ it was taken.
 import time
 
 import cocotb
-from cocotb.triggers import ClockCycles
+from cocotb.triggers import ClockCycles, FallingEdge
 
 from golden import logfmt as golden
 from tb.harness import restart_bench, start_bench, write_throughput
@@ -65,18 +65,38 @@ class DecoderBench(PipeBench):
             assert got == [edge + 1 for edge in taken], "a beat did not leave one edge later"
 
 
+async def _watch_ready_rule(dut, broken):
+    """The contract's ready rule, in every cycle out of reset: ``inp.ready = ~out.valid |
+    out.ready`` (sampled mid-cycle, when every driver has settled). Under stalls the beats' edges
+    are not asserted, so this is what checks that the decoder takes a beat whenever its output
+    register is free (a mutant that waited for ``out.ready`` passed every data check)."""
+    while True:
+        await FallingEdge(dut.clk)
+        if int(dut.rst.value):
+            continue
+        ready, valid, taken = (int(dut.inp__ready.value), int(dut.out__valid.value),
+                               int(dut.out__ready.value))
+        if ready != (not valid or taken):
+            broken.append((edge_now(), ready, valid, taken))
+
+
 @cocotb.test()
 @cocotb.parametrize((("gap", "stall"), STALL_PROFILES))
 async def test_random_beats(dut, gap, stall):
     """Encoded tiles of every kind and arbitrary beats (any lo, step and codes), under valid
     gaps and output stalls: every beat as the golden's, in order; one edge of latency when the
-    consumer is always ready."""
+    consumer is always ready; the ready rule in every cycle."""
     bench = await start_bench(DecoderBench, dut, f"random:{gap}:{stall}", gap, stall)
+    broken = []
+    watcher = cocotb.start_soon(_watch_ready_rule(dut, broken))
     for _ in range(12):
         bench.encoded_tile()
         for _ in range(40):
             bench.random_beat()
     await bench.drain(gap, stall)
+    watcher.cancel()
+    assert not broken, f"inp.ready != ~out.valid | out.ready at (edge, ready, valid, " \
+                       f"out.ready) {broken[:4]}"
     bench.check(timed=stall == 0.0)
     bench.stop()
 
