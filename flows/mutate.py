@@ -316,6 +316,12 @@ def run_mutation(block, config, count=20, simulator="verilator", seed=1, jobs=2,
 SCORED_CONFIGS = {
     "logfmt_decoder": {"lanes": 1},
     "logfmt_encoder": {"lanes": 1},
+    "spiking_attention": {"heads": 2, "max_tokens": 8, "max_head_dim": 8},   # its demo's
+    "spiking_moe": {"experts": 3, "rows": 3, "cols": 5, "max_tokens": 5, "max_timesteps": 3,
+                    "max_d_in": 6, "max_d_out": 7},
+    # Two chiplets under one switch: the whole layer, a 2 MB netlist instead of 10 MB.
+    "moe_layer": {"fanouts": 2, "experts": 4, "slots": 2, "d_model": 4, "d_ff": 3,
+                  "lanes": 2, "rows": 2, "cols": 2, "arrays": 1},
 }
 
 
