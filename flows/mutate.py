@@ -11,7 +11,9 @@
    wrap the Amaranth design in a harness, not this Verilog), in a process of its own with a
    wall-clock limit. A failing test, a run without results or a timeout kills the mutant.
    Mutant 0 runs first and must pass: it shows the netlist round trip changes nothing.
-4. Set aside the equivalent. For each survivor, Yosys builds a miter of the original and that
+4. Set aside the equivalent. A survivor whose mutation leaves the netlist as it was (a bit tied
+   to the constant it already had: the RTLIL before and after is the same) is equivalent
+   without a proof. For each other survivor, Yosys builds a miter of the original and that
    mutant (``miter -equiv``), merges the cells the two share (``opt_merge``: what is left is
    one design and two copies of the mutated cone) and ``sat -tempinduct`` tries to prove the
    outputs equal in every cycle from the initial state (the registers' ``init`` values), for
@@ -44,7 +46,7 @@ __all__ = ["sample", "build_mutants", "run_mutation", "MutationError"]
 PREP = "hierarchy -top {top}; proc; flatten; memory_collect; opt_clean"
 SAT_STEPS = 24           # the equivalence check's base case and induction length
 RUN_SECONDS = 600        # wall-clock limit of one mutant's suite
-EQUIV_SECONDS = 120      # wall-clock limit of one equivalence check
+EQUIV_SECONDS = 60       # wall-clock limit of one equivalence check
 
 
 class MutationError(RuntimeError):
@@ -144,10 +146,32 @@ def build_mutants(v_path, top, ports, lines, out_dir):
     return path
 
 
+def unchanged(v_path, top, line, out_dir, index):
+    """Whether the mutation ``line`` leaves the netlist as it was, bit for bit (a port bit
+    tied to the constant it already had): such a mutant is equivalent without a proof, which
+    the SAT solver may not find in time on a large block."""
+    out_dir = Path(out_dir)
+    script = f"same{index}.ys"
+    (out_dir / script).write_text(
+        f"read_verilog {Path(v_path).name}\n{PREP.format(top=top)}\n"
+        f"write_rtlil same{index}_original.il\n{_applied(line)}\n"
+        f"write_rtlil same{index}_mutant.il\n")
+    status, log = _yosys(script, out_dir, f"same{index}.log")
+    if status:
+        raise MutationError(f"yosys could not apply mutation {index} of {top}:\n{log[-2000:]}")
+    original, mutant = (out_dir / f"same{index}_{kind}.il" for kind in ("original", "mutant"))
+    same = original.read_bytes() == mutant.read_bytes()
+    original.unlink()
+    mutant.unlink()
+    return same
+
+
 def equivalence(v_path, top, line, out_dir, index, seconds=None):
-    """``"equivalent"`` (proven equal in every cycle), ``"different"`` (a counterexample) or
-    ``"undecided"`` (neither within ``SAT_STEPS`` steps or ``seconds``) for the mutation
-    ``line`` of module ``top``."""
+    """``"unchanged"`` (the mutation changes no bit of the netlist), ``"equivalent"`` (proven
+    equal in every cycle), ``"different"`` (a counterexample) or ``"undecided"`` (neither
+    within ``SAT_STEPS`` steps or ``seconds``) for the mutation ``line`` of module ``top``."""
+    if unchanged(v_path, top, line, out_dir, index):
+        return "unchanged"
     out_dir = Path(out_dir)
     script = f"equiv{index}.ys"
     (out_dir / script).write_text(
@@ -277,7 +301,9 @@ def run_mutation(block, config, count=20, simulator="verilator", seed=1, jobs=2,
         if killed:
             return "killed", how
         proof = equivalence(v_path, block.name, lines[i - 1], rtl, i)
-        return ("equivalent" if proof == "equivalent" else "survived"), how + {
+        return ("equivalent" if proof in ("equivalent", "unchanged") else "survived"), how + {
+            "unchanged": "; the mutation changes no bit of the netlist (the bit already had "
+                         "that value)",
             "equivalent": "; proven equivalent to the original",
             "different": "; differs from the original (the SAT solver found a counterexample)",
             "undecided": f"; not proven equal within {SAT_STEPS} steps or "

@@ -171,6 +171,31 @@ async def test_edge_values(dut):
 
 
 @cocotb.test()
+async def test_one_special_in_each_lane(dut):
+    """One special operand among finite ones, in each lane of a beat in turn, in ``a`` and in
+    ``b``: a NaN, and where the format has them an infinity and infinity times zero. Every
+    lane has its own decoder: with several specials per dot product, a lane that missed its
+    NaN would hide behind the others."""
+    bench = await start_bench(DotBench, dut, "lanes")
+    fmt, g = bench.fmt, bench.cfg.group
+    one = golden.encode(1.0, fmt)
+    specials = [(fmt.canonical_nan, one)]
+    if fmt.ieee:
+        inf = ((1 << fmt.exp_bits) - 1) << fmt.man_bits
+        specials += [(inf, one), (inf | (1 << (fmt.width - 1)), one), (inf, 0)]
+    for lane in range(g):
+        for special, partner in specials:
+            a = [bench.finite(bench.code(0.0)) for _ in range(g)]
+            b = [bench.finite(bench.code(0.0)) for _ in range(g)]
+            a[lane], b[lane] = special, partner
+            bench.send_dot(a, b)
+            bench.send_dot(b, a)
+    await bench.drain()
+    bench.check()
+    bench.stop()
+
+
+@cocotb.test()
 async def test_small_products_after_a_large_one(dut):
     """The seed's mechanism: one large product, then many small ones that the acc_frac-bit
     accumulator truncates unless a promotion comes first (every result equals the golden's)."""

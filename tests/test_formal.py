@@ -59,3 +59,59 @@ def test_the_cli_proves_and_rejects_a_bad_depth(capsys):
     assert main(["formal", "logfmt_decoder", "--depth", "0"]) == 2
     assert capsys.readouterr().err.strip() == ("moegen: error: option '--depth': got 0; "
                                                 "allowed: an integer in 1..200")
+
+
+# --- per-block invariants -----------------------------------------------------------------
+
+ROUTER = {"experts": 4, "k": 2, "groups": 2, "topk_groups": 1, "score_width": 2, "leaves": 2,
+          "token_width": 1}
+
+
+def test_router_invariants_hold_for_every_trace_of_12_cycles(tmp_path):
+    # k distinct experts below E, best first, from at most M groups. Induction does not close
+    # on these alone (the pipeline's inner registers are unconstrained); every trace of 12
+    # cycles from reset covers the 4-edge pipeline three times over.
+    block = get_block("topk_router")
+    result = run_formal(block, block.config(**ROUTER), "bmc", 12, tmp_path)
+    assert result["status"] == "PASS", result["log"][-2000:]
+
+
+class _CorruptedRouter(wiring.Component):
+    """A router whose route is altered on its way out, as a broken design would alter it."""
+
+    def __init__(self, router, corrupt):
+        self.inner, self.corrupt, self.config = router, corrupt, router.config
+        super().__init__(router.signature)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.inner = inner = self.inner
+        wiring.connect(m, wiring.flipped(self.scores), inner.scores)
+        wiring.connect(m, wiring.flipped(self.table), inner.table)
+        route = inner.route.payload
+        m.d.comb += [self.route.valid.eq(inner.route.valid),
+                     inner.route.ready.eq(self.route.ready),
+                     self.route.payload.eq(route)]
+        self.corrupt(m, route, self.route.payload)
+        return m
+
+
+def _repeat_an_expert(m, good, bad):
+    m.d.comb += bad.expert[1].eq(good.expert[0])
+
+
+def _use_another_group(m, good, bad):         # experts 0-1 and 2-3 are the two groups
+    m.d.comb += bad.expert[1].eq(good.expert[0] ^ 2)
+
+
+def _worst_first(m, good, bad):
+    m.d.comb += [bad.score[0].eq(good.score[1]), bad.score[1].eq(good.score[0])]
+
+
+@pytest.mark.parametrize("corrupt", [_repeat_an_expert, _use_another_group, _worst_first])
+def test_each_router_invariant_fails_on_a_router_that_breaks_it(corrupt, tmp_path):
+    from flows.formal import router_invariants
+    block = get_block("topk_router")
+    broken = _CorruptedRouter(block.build(block.config(**ROUTER)), corrupt)
+    result = prove_component(broken, tmp_path, "bmc", 12, invariants=router_invariants)
+    assert result["status"] == "FAIL" and result["trace"]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from flows.cli import main
-from flows.mutate import equivalence, run_mutation
+from flows.mutate import equivalence, run_mutation, unchanged
 from hw.registry import get_block
 
 
@@ -35,6 +35,19 @@ def test_mutants_are_killed_by_the_suite_or_proven_equivalent(simulator, count, 
         for index in killed:
             assert equivalence(rtl / "logfmt_decoder.v", "logfmt_decoder", lines[index - 1],
                                rtl, 100 + index) == "different"
+
+
+def test_a_bit_tied_to_the_constant_it_had_is_unchanged_without_a_proof(tmp_path):
+    """``y <= a ? 1'b0 : b``: tying the constant 0 to 0 changes nothing; tying it to 1 does,
+    and the SAT check finds the difference."""
+    (tmp_path / "t.v").write_text("module t(input clk, input a, input b, output reg y);\n"
+                                  "  always @(posedge clk) y <= a ? 1'b0 : b;\nendmodule\n")
+    cell = "-module t -cell $ternary$t.v:2$2 -port B -portbit 0"
+    tie0, tie1 = f"mutate -mode const0 {cell}", f"mutate -mode const1 {cell}"
+    assert unchanged(tmp_path / "t.v", "t", tie0, tmp_path, 1)
+    assert equivalence(tmp_path / "t.v", "t", tie0, tmp_path, 1) == "unchanged"
+    assert not unchanged(tmp_path / "t.v", "t", tie1, tmp_path, 2)
+    assert equivalence(tmp_path / "t.v", "t", tie1, tmp_path, 2) == "different"
 
 
 @pytest.mark.parametrize("argv, words", [
