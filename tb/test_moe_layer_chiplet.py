@@ -216,9 +216,9 @@ async def test_random_stalls(dut, gap, stall):
 
 @cocotb.test()
 async def test_hot_expert_and_every_slot(dut):
-    """One expert takes every token, then for two batches more every token uses every held
-    expert, but a batch's token j < S skips slot j: every slot of every token bank fills to
-    its last positions, and a slot's position p does not hold the batch's token p."""
+    """One expert takes every token, then every token uses every held expert, but a batch's
+    token j < S skips slot j: slots fill to their last positions, and a slot's position p
+    does not hold the batch's token p."""
     bench = await _setup(dut, "hot", 0.2, 0.2)
     cfg = bench.cfg
     hot = bench.slot_expert[0][0]
@@ -228,13 +228,13 @@ async def test_hot_expert_and_every_slot(dut):
         bench.send_token(bench.random_x(), choices)
     hosted = {bench.slot_expert[s][0] for s in range(cfg.slots)}
     others = [e for e in range(cfg.experts) if e not in hosted]
-    for _ in range(2 * cfg.batch + 1):
+    for _ in range(cfg.batch + 1):
         choices = bench.random_choices(held=cfg.k)
         if bench.tokens % cfg.batch < cfg.slots < cfg.batch and others:
             skipped = bench.slot_expert[bench.tokens % cfg.batch][0]
             choices = [(others[0], g) if e == skipped else (e, g) for e, g in choices]
         bench.send_token(bench.random_x(), choices)
-    await bench.finish(_budget(bench, 3 * cfg.batch + 2, 0.2, 0.2))
+    await bench.finish(_budget(bench, 2 * cfg.batch + 2, 0.2, 0.2))
 
 
 @cocotb.test()
