@@ -17,7 +17,8 @@ from pathlib import Path
 
 from flows import toolchain
 from flows.threed import generate_3d
-from flows.verilog import config_key, convert, generate, port_list, write_if_changed
+from flows.verilog import (config_key, convert, generate, generator_digest, port_list,
+                           write_if_changed)
 
 __all__ = ["SIMULATORS", "BUFFERED_PREFIX", "SimResult", "run_tests", "buffered_tests",
            "SimFailure"]
@@ -170,6 +171,29 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
                      sum(r.build_seconds for r in results), sum(r.test_seconds for r in results))
 
 
+def _buffered_harness(block, config, path):
+    """Write ``BLOCK_buffered`` (tb.buffered) to ``path`` unless it is there for the same
+    configuration and sources (a stamp beside it); return its port names."""
+    stamp_path = path.with_suffix(".stamp")
+    stamp = f"{config_key(block, config)} {generator_digest()} {_tb_digest()}\n"
+    ports_path = path.with_suffix(".ports")
+    if stamp_path.exists() and stamp_path.read_text() == stamp and path.exists():
+        return ports_path.read_text().split()
+    from tb.buffered import BufferedHarness
+    wrapper = BufferedHarness(block.build(config))
+    write_if_changed(path, convert(wrapper, path.stem))
+    ports = [port["name"] for port in port_list(wrapper)]
+    ports_path.write_text("\n".join(ports) + "\n")
+    stamp_path.write_text(stamp)
+    return ports
+
+
+def _tb_digest():
+    """The harness's own source (tb/buffered.py) is part of its Verilog."""
+    spec = importlib.util.find_spec("tb.buffered")
+    return hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()
+
+
 def _drop_intermediates(build_dir):
     """Deletes what only the C++ compile needs: Verilator's two precompiled headers are about
     70 MB each, so a full ``make test`` would otherwise leave about 6 GB behind (and a machine
@@ -199,17 +223,14 @@ def _run_one(block, config, simulator, harness, testcase, label, *, waves, seed,
         sources = [v_path]
         ports = [port["name"] for port in info["ports"]]
         if three_d:
-            built3d = generate_3d(block, config, root / "rtl3d")["paths"]
+            built3d = generate_3d(block, config, root / "rtl")["paths"]
             sources = [built3d[k] for k in ("2d", "top", "bottom", "3d", "equiv")]
             toplevel = f"{block.name}_equiv"
             ports.append("mismatch")
         if harness == "buffered":
-            from tb.buffered import BufferedHarness
-            wrapper = BufferedHarness(block.build(config))
             toplevel = f"{block.name}_buffered"
             sources = [root / "rtl" / f"{toplevel}.v"]
-            write_if_changed(sources[0], convert(wrapper, toplevel))
-            ports = [port["name"] for port in port_list(wrapper)]
+            ports = _buffered_harness(block, config, sources[0])
         build_args = []
         if simulator == "verilator":
             build_args = VERILATOR_ARGS + (VERILATOR_PRIVATE if not waves else [])

@@ -19,11 +19,13 @@ The 2D build (``moegen verilog BLOCK``) is the same generator with the bottom ti
 ordinary submodule, flattened by Yosys.
 """
 
+import json
 from pathlib import Path
 
 from flows import toolchain
 from flows.synth import summarize, synthesize_files
-from flows.verilog import config_key, convert, generate, port_list, write_if_changed
+from flows.verilog import (config_key, convert, generate, generator_digest, port_list,
+                           write_if_changed)
 
 __all__ = ["generate_3d", "synthesize_3d", "bond_nets", "NoTiers"]
 
@@ -117,24 +119,32 @@ def generate_3d(block, config, out_dir):
                       "blocks that register a bottom and a top tier (`moegen list`)")
     out_dir = Path(out_dir)
     v2d, _, info = generate(block, config, out_dir)
+    paths = {"2d": v2d, "top": out_dir / f"{block.name}_tier_top.v",
+             "bottom": out_dir / f"{block.name}_tier_bottom.v",
+             "3d": out_dir / f"{block.name}_3d.v", "equiv": out_dir / f"{block.name}_equiv.v",
+             "partition": out_dir / f"{block.name}_partition.txt"}
+    # As generate(): the same configuration and sources reuse the folder (both simulators).
+    stamp_path, record_path = out_dir / f"{block.name}_3d.stamp", out_dir / f"{block.name}_3d.json"
+    stamp = f"{config_key(block, config)} {generator_digest()}\n"
+    if (stamp_path.exists() and stamp_path.read_text() == stamp and record_path.exists()
+            and all(path.exists() for path in paths.values())):
+        return {"paths": paths, **json.loads(record_path.read_text())}
     top, bottom = block.tiers(config)
     top_ports, bottom_ports = port_list(top), port_list(bottom)
-    nets = bond_nets(top_ports, bottom_ports)
-    paths = {"2d": v2d}
+    nets = [list(net) for net in bond_nets(top_ports, bottom_ports)]
     for tier, component in (("top", top), ("bottom", bottom)):
-        paths[tier] = out_dir / f"{block.name}_tier_{tier}.v"
         write_if_changed(paths[tier], convert(component, f"{block.name}_tier_{tier}"))
     text, bonds = _wrapper_3d(block.name, info["ports"], top_ports, nets)
-    paths["3d"] = out_dir / f"{block.name}_3d.v"
     write_if_changed(paths["3d"], text)
-    paths["equiv"] = out_dir / f"{block.name}_equiv.v"
     write_if_changed(paths["equiv"], _wrapper_equiv(block.name, info["ports"]))
-    paths["partition"] = out_dir / f"{block.name}_partition.txt"
     write_if_changed(paths["partition"], "".join(
         ["u_top 0\n", "u_bottom 1\n"] + [f"{b} 0\n" for b in bonds]))
     counts = {"down": sum(w for _, w, d in nets if d == "down"),
               "up": sum(w for _, w, d in nets if d == "up")}
-    return {"paths": paths, "bonds": bonds, "bond_counts": counts, "nets": nets}
+    record = {"bonds": bonds, "bond_counts": counts, "nets": nets}
+    record_path.write_text(json.dumps(record))
+    stamp_path.write_text(stamp)
+    return {"paths": paths, **record}
 
 
 def synthesize_3d(block, config, target="generic", out_dir=None):

@@ -1,7 +1,9 @@
 """Verilog export and the block manifest (`moegen verilog`)."""
 
 import dataclasses
+import functools
 import hashlib
+import importlib.metadata
 import json
 import re
 from pathlib import Path
@@ -130,8 +132,23 @@ def convert(component, name):
                                                 strip_internal_attrs=True))
 
 
+@functools.cache
+def generator_digest():
+    """A hash of everything a block's Verilog and manifest depend on: the sources of hw/,
+    golden/ and this module, and the Amaranth version."""
+    digest = hashlib.sha256(importlib.metadata.version("amaranth").encode())
+    root = Path(__file__).resolve().parent.parent
+    for path in sorted([*root.glob("hw/*.py"), *root.glob("golden/*.py"), Path(__file__)]):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
 def generate(block, config, out_dir):
     """Write ``out_dir/<block>.v`` (top module ``<block>``) and ``out_dir/<block>.json``.
+
+    A folder already holding them for the same block, configuration and generator sources
+    (``<block>.stamp``) is reused as it is: the simulators, synthesis and the 3D flow of one
+    configuration share one generation (the largest blocks take tens of seconds to convert).
 
     Returns
     -------
@@ -139,10 +156,16 @@ def generate(block, config, out_dir):
         The Verilog path, the manifest path and the manifest.
     """
     out_dir = Path(out_dir)
+    v_path, j_path = out_dir / f"{block.name}.v", out_dir / f"{block.name}.json"
+    stamp_path = out_dir / f"{block.name}.stamp"
+    stamp = f"{config_key(block, config)} {generator_digest()}\n"
+    if (stamp_path.exists() and stamp_path.read_text() == stamp and v_path.exists()
+            and j_path.exists()):
+        return v_path, j_path, json.loads(j_path.read_text())
     component = block.build(config)
     text = convert(component, block.name)
     info = manifest(block, config, component)
-    v_path, j_path = out_dir / f"{block.name}.v", out_dir / f"{block.name}.json"
     write_if_changed(v_path, text)
     write_if_changed(j_path, json.dumps(info, indent=2) + "\n")
+    stamp_path.write_text(stamp)
     return v_path, j_path, info

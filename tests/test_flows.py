@@ -129,3 +129,29 @@ def test_bare_verilator_loop_runs():
     rate = bare_cycles_per_second(block, block.config(rows=1, cols=2, in_width=4, acc_width=8),
                                   cycles=20000)
     assert rate > 10000
+
+
+def test_generation_is_reused_for_the_same_configuration_and_sources(tmp_path, monkeypatch):
+    import dataclasses
+
+    from flows import verilog
+    from hw.registry import get_block
+    block = get_block("systolic")
+    config = block.config(rows=2, cols=3)
+    v_path, j_path, info = verilog.generate(block, config, tmp_path)
+    text = v_path.read_text()
+
+    def no_build(config):
+        raise AssertionError("regenerated although nothing changed")
+
+    # The same block, configuration and sources: the folder is reused, manifest and all.
+    cached = dataclasses.replace(block, build=no_build)
+    assert verilog.generate(cached, config, tmp_path) == (v_path, j_path, info)
+    # Another configuration, or other generator sources, regenerate.
+    other = block.config(rows=3, cols=3)
+    assert verilog.generate(block, other, tmp_path)[2]["params"]["rows"] == 3
+    assert v_path.read_text() != text
+    verilog.generate(block, config, tmp_path)
+    monkeypatch.setattr(verilog, "generator_digest", lambda: "changed")
+    with pytest.raises(AssertionError, match="regenerated"):
+        verilog.generate(cached, config, tmp_path)
