@@ -19,6 +19,7 @@ The 2D build (``moegen verilog BLOCK``) is the same generator with the bottom ti
 ordinary submodule, flattened by Yosys.
 """
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -125,7 +126,8 @@ def generate_3d(block, config, out_dir):
              "partition": out_dir / f"{block.name}_partition.txt"}
     # As generate(): the same configuration and sources reuse the folder (both simulators).
     stamp_path, record_path = out_dir / f"{block.name}_3d.stamp", out_dir / f"{block.name}_3d.json"
-    stamp = f"{config_key(block, config)} {generator_digest()}\n"
+    wrappers = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()    # this module's
+    stamp = f"{config_key(block, config)} {generator_digest()} {wrappers}\n"
     if (stamp_path.exists() and stamp_path.read_text() == stamp and record_path.exists()
             and all(path.exists() for path in paths.values())):
         return {"paths": paths, **json.loads(record_path.read_text())}
