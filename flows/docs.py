@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from flows.toolchain import REPO_ROOT
-from hw.params import describe, format_value
+from hw.params import describe, format_value, parse_params
 from hw.registry import all_blocks, get_block
 
 __all__ = ["DOCS", "BENCH_RECORD", "render", "update", "stale_files"]
@@ -67,7 +67,10 @@ def _figures_table(name, bench):
         area = r["synth_generic"]
         bare = r.get("bare_verilator_cycles_per_second")
         # Gate by gate (no ABC): an unoptimized upper bound, marked so.
-        mapped = "" if area.get("abc", block.synth_abc is True) else " (gate by gate)"
+        # Older records do not say: the block's rule for the record's configuration.
+        abc = area["abc"] if "abc" in area else block.abc(
+            parse_params(block.config, r["params"].split()))
+        mapped = "" if abc else " (gate by gate)"
         rows.append((r["params"] or "defaults", _metric_text(r["verilator"]["metrics"]),
                      _speed(r, "verilator") + (f" of {bare:,.0f} bare" if bare else ""),
                      _speed(r, "icarus"),

@@ -102,7 +102,7 @@ def synthesize(block, config, target="generic", out_dir=None):
     out_dir = Path(out_dir) if out_dir else toolchain.BUILD_ROOT / "synth" / f"{block.name}-{key}"
     v_path, _, info = generate(block, config, out_dir)
     cell_counts = synthesize_files([v_path], block.name, target, out_dir, block.name,
-                                   flatten=block.synth_flatten, abc=block.abc(config))
+                                   flatten=block.flatten(config), abc=block.abc(config))
     report = {"block": block.name, "target": target, "params": info["params"],
               "abc": block.abc(config),
               **summarize(cell_counts), "cell_types": dict(sorted(cell_counts.items()))}

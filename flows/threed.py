@@ -160,10 +160,10 @@ def synthesize_3d(block, config, target="generic", out_dir=None):
     for tier in ("top", "bottom"):
         report[tier] = summarize(synthesize_files(
             [paths[tier]], f"{block.name}_tier_{tier}", target, out_dir,
-            f"{block.name}_tier_{tier}", flatten=block.synth_flatten,
+            f"{block.name}_tier_{tier}", flatten=block.flatten(config),
             abc=block.abc(config)))
     report["2d"] = summarize(synthesize_files([paths["2d"]], block.name, target, out_dir,
-                                              block.name, flatten=block.synth_flatten,
+                                              block.name, flatten=block.flatten(config),
                                               abc=block.abc(config)))
     report["footprint_3d"] = max(report["top"]["cells"], report["bottom"]["cells"])
     report["footprint_2d"] = report["2d"]["cells"]

@@ -15,7 +15,8 @@ from golden.fixed import wrap
 
 __all__ = ["DISPATCH_HOP_CYCLES", "COMBINE_HOP_CYCLES", "leaf_count", "internal_links",
            "deliveries", "link_flits", "forwarding_root_flits", "combine", "replication",
-           "dispatch_edges", "combine_first_edge", "figures"]
+           "dispatch_edges", "combine_first_edge", "figures", "LINK_CHECKS", "CHECK_BITS",
+           "crc8", "link_check", "check_terms", "link_check_ok"]
 
 # A flit accepted by a switch at edge e is offered by its child output register from e and,
 # with a ready child, transferred at e + 1.
@@ -183,3 +184,53 @@ def figures(fanouts):
             "dispatch_latency_cycles": DISPATCH_HOP_CYCLES * depth,
             "combine_cycles_per_hop": COMBINE_HOP_CYCLES,
             "flits_per_cycle_per_port": 1}
+
+
+# ---- link error detection (seed 003 §6.1: silent data corruption on links) -------------------
+#
+# A switch-to-switch flit carries ``check`` bits at bit 0 and the message (every other field)
+# above them, so the link word is ``message << CHECK_BITS[kind] | check``. ``parity``: one even
+# parity bit (the XOR of the message bits). ``crc8``: CRC-8 with generator x^8 + x^2 + x + 1
+# (0x07), initial value 0, no reflection, no final XOR (the catalogue's CRC-8/SMBUS), over the
+# message bits from its most significant bit down. With the check at the low end the link word,
+# read as a polynomial with bit i the coefficient of x^i, is a multiple of the generator, so every
+# error burst of at most 8 adjacent bits of the word (check bits included) is detected.
+
+LINK_CHECKS = ("none", "parity", "crc8")
+CHECK_BITS = {"none": 0, "parity": 1, "crc8": 8}
+CRC8_POLY = 0x07
+
+
+def crc8(value, width):
+    """CRC-8/SMBUS of the ``width``-bit message ``value``, its most significant bit first."""
+    register = 0
+    for bit in reversed(range(width)):
+        feedback = ((register >> 7) ^ (value >> bit)) & 1
+        register = (register << 1) & 0xFF
+        if feedback:
+            register ^= CRC8_POLY
+    return register
+
+
+def link_check(kind, message, width):
+    """The check bits a switch sends with a ``width``-bit ``message``."""
+    if kind == "parity":
+        return bin(message & ((1 << width) - 1)).count("1") & 1
+    if kind == "crc8":
+        return crc8(message, width)
+    if kind == "none":
+        return 0
+    raise ValueError(f"link check {kind!r}: unknown; allowed: {', '.join(LINK_CHECKS)}")
+
+
+def check_terms(kind, width):
+    """Per check bit, the message bits whose XOR it is (both codes are linear with a zero
+    start, so bit j of the check is the XOR of bit j of the unit messages' checks)."""
+    return [[i for i in range(width) if (link_check(kind, 1 << i, width) >> j) & 1]
+            for j in range(CHECK_BITS[kind])]
+
+
+def link_check_ok(kind, word, width):
+    """Whether a received link word (``message << CHECK_BITS[kind] | check``) passes."""
+    bits = CHECK_BITS[kind]
+    return link_check(kind, word >> bits, width) == word & ((1 << bits) - 1)

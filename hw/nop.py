@@ -25,7 +25,7 @@ towards the leaves) and ``up`` (combine, towards the root).
 import dataclasses
 import math
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -41,6 +41,8 @@ __all__ = ["FlitParams", "NopConfig", "NopSwitchConfig", "NopSwitch", "NopTree",
            "up_layout"]
 
 MAX_LEAVES = 64
+# Bits of each per-link error count (saturating) of a tree with ``link_check``.
+ERROR_COUNT_WIDTH = 16
 
 
 def _check_combine(config):
@@ -49,6 +51,16 @@ def _check_combine(config):
         if config.acc_width != width:
             raise param_error("acc_width", config.acc_width,
                               f"{width} with combine_dtype {config.combine_dtype} (its codes)")
+
+
+def _check_links(config):
+    if len(config.fanouts) > 1:
+        return
+    for name, given, only in (("link_check", repr(config.link_check), "'none'"),
+                              ("fault_inject", config.fault_inject, "0")):
+        if given != only:
+            raise param_error(name, given, f"{only} for a one-level tree (it has no "
+                                           f"switch-to-switch links)")
 
 
 def _check_leaves(fanouts):
@@ -106,6 +118,13 @@ class NopConfig(FlitParams):
     fanouts : tuple of int
         Children per switch, root level first (each 2..16, 1..4 levels, at most 64 leaves).
         ``(4, 4)``: a root switch over 4 group switches of 4 leaves each.
+    link_check : str
+        ``none``, ``parity`` or ``crc8``: check bits on every switch-to-switch link, checked at
+        the receiving switch; a flit that fails is never delivered or combined, its packet is
+        dropped and its token leaves the root as one ``abort`` flit (docs/blocks/nop.md).
+    fault_inject : int
+        Test only (0 or 1): ``down_link_flip``/``up_link_flip`` inputs XORed into the flit of
+        every switch-to-switch link, for fault-injection tests. Leave 0 in a design.
 
     Raises
     ------
@@ -113,11 +132,15 @@ class NopConfig(FlitParams):
         On any value out of range.
     """
     fanouts: tuple = int_list_param((4, 4), 2, 16, 4, "children per switch, root level first")
+    link_check: str = choice_param("none", golden.LINK_CHECKS,
+                                   "check bits on switch-to-switch links: none, parity, CRC-8")
+    fault_inject: int = int_param(0, 0, 1, "test only: bit-flip inputs on every internal link")
 
     def __post_init__(self):
         validate(self)
         _check_combine(self)
         _check_leaves(self.fanouts)
+        _check_links(self)
 
     @property
     def leaves(self):
@@ -145,39 +168,88 @@ class NopSwitchConfig(FlitParams):
         return self.fanout
 
 
-def down_layout(config):
-    """Dispatch flit: ``token``, ``mask`` (bit i = leaf i), ``data`` lanes, ``last``."""
-    return data.StructLayout({
+def _link_check(config):
+    return getattr(config, "link_check", "none")
+
+
+def _flit(config, fields, checked):
+    """A flit layout: ``check`` bits first on a switch-to-switch link (``checked``), then
+    ``fields``, then ``abort`` when the tree checks its links."""
+    kind = _link_check(config)
+    head = {"check": golden.CHECK_BITS[kind]} if checked and kind != "none" else {}
+    tail = {"abort": 1} if kind != "none" else {}
+    return data.StructLayout({**head, **fields, **tail})
+
+
+def down_layout(config, checked=False):
+    """Dispatch flit: ``token``, ``mask`` (bit i = leaf i), ``data`` lanes, ``last``; with
+    ``link_check``, ``abort`` (and ``check`` at bit 0 on a switch-to-switch link)."""
+    return _flit(config, {
         "token": config.token_width,
         "mask": config.leaves,
         "data": data.ArrayLayout(signed(config.data_width), config.lanes),
         "last": 1,
-    })
+    }, checked)
 
 
 def _combine_dtype(config):
     return getattr(config, "combine_dtype", "int")
 
 
-def up_layout(config):
+def up_layout(config, checked=False):
     """Combine flit: ``token``, ``data`` lanes (``acc_width``: signed integers, or the codes of
-    ``combine_dtype``), ``last``."""
+    ``combine_dtype``), ``last``; with ``link_check``, ``abort`` (and ``check``, as above)."""
     lane = signed(config.acc_width) if _combine_dtype(config) == "int" else config.acc_width
-    return data.StructLayout({
+    return _flit(config, {
         "token": config.token_width,
         "data": data.ArrayLayout(lane, config.lanes),
         "last": 1,
-    })
+    }, checked)
 
 
-def _ports(config, children):
-    return {
-        "down_in": In(stream.Signature(down_layout(config))),
-        "up_out": Out(stream.Signature(up_layout(config))),
-        "down_out": Out(stream.Signature(down_layout(config))).array(children),
-        "up_in": In(stream.Signature(up_layout(config))).array(children),
+def _ports(config, children, parent_link=False, child_links=False):
+    ports = {
+        "down_in": In(stream.Signature(down_layout(config, parent_link))),
+        "up_out": Out(stream.Signature(up_layout(config, parent_link))),
+        "down_out": Out(stream.Signature(down_layout(config, child_links))).array(children),
+        "up_in": In(stream.Signature(up_layout(config, child_links))).array(children),
         "error": Out(1),
     }
+    if parent_link:     # a bad flit taken on down_in; the parent's word on the flit it took
+        ports.update(down_in_nack=Out(1), up_out_nack=In(1))
+    if child_links:
+        ports.update(down_out_nack=In(children), up_in_nack=Out(children))
+    return ports
+
+
+def _check_code(m, kind, message, name):
+    """The check bits of ``message`` (``golden.nop.link_check``) as XORs of its bits."""
+    terms = golden.check_terms(kind, len(message))
+    code = Signal(len(terms), name=name)
+    m.d.comb += code.eq(Cat(Cat(message[i] for i in term).xor() if term else Const(0)
+                            for term in terms))
+    return code
+
+
+def _receive(m, kind, port, layout, checked, name):
+    """The message of the flit on ``port`` (a view of ``layout``) and whether it fails its
+    check (never, on a link without check bits)."""
+    if not checked:
+        return port.payload, Const(0)
+    bits = port.payload.as_value()
+    width = golden.CHECK_BITS[kind]
+    bad = Signal(name=f"{name}_bad")
+    m.d.comb += bad.eq(_check_code(m, kind, bits[width:], f"{name}_code") != bits[:width])
+    return layout(bits[width:]), bad
+
+
+def _send(m, kind, port, message, checked, name):
+    """Drive ``port.payload`` with ``message``, its check bits first on a checked link."""
+    if not checked:
+        m.d.comb += port.payload.eq(message)
+        return
+    bits = message.as_value()
+    m.d.comb += port.payload.as_value().eq(Cat(_check_code(m, kind, bits, f"{name}_code"), bits))
 
 
 def _lowest_set(m, bits, name):
@@ -223,13 +295,25 @@ class NopSwitch(ConfiguredComponent):
     error : Out(1)
         Sticky protocol error (docs/blocks/nop.md): a dispatch with no destination in this subtree,
         a return for a token not owed by that child, a return longer than ``max_flits`` or of a
-        different length than the dispatched packet.
+        different length than the dispatched packet, a first flit with ``abort`` set.
+    down_in_nack : Out(1) ; up_out_nack : In(1)
+        With ``parent_link``: a flit taken on ``down_in`` failed its check (this cycle); the
+        parent says the flit it took from ``up_out`` failed.
+    down_out_nack : In(F) ; up_in_nack : Out(F)
+        With ``child_links``: the same words on the child side.
+
+    ``parent_link``/``child_links``: the parent side / the child sides are switch-to-switch
+    links of a tree with ``link_check`` (check bits on them, checked on input).
     """
 
-    def __init__(self, config, fanout=None, base=0, span=1):
+    def __init__(self, config, fanout=None, base=0, span=1, parent_link=False,
+                 child_links=False):
         self.fanout = fanout or config.fanouts[0]
         self.base, self.span = base, span
-        super().__init__(config, _ports(config, self.fanout))
+        self.kind = _link_check(config)
+        self.parent_link = parent_link and self.kind != "none"
+        self.child_links = child_links and self.kind != "none"
+        super().__init__(config, _ports(config, self.fanout, self.parent_link, self.child_links))
 
     def elaborate(self, platform):
         m = Module()
@@ -250,13 +334,26 @@ class NopSwitch(ConfiguredComponent):
         returned = [[Signal(range(P + 2), name=f"slot{s}_returned{c}") for c in range(F)]
                     for s in range(slots)]
 
+        checking = self.kind != "none"
+        # A slot whose packet or return failed a link check (or came back aborted): it leaves
+        # as one abort flit.
+        poisoned = [Signal(name=f"slot{s}_poisoned") for s in range(slots)]
+
         # --- dispatch ---
-        flit = self.down_in.payload
+        flit, bad_in = _receive(m, self.kind, self.down_in, down_layout(cfg), self.parent_link,
+                                "down_in")
+        # A bad flit, or a good one with abort set, voids the packet it belongs to.
+        void = Signal()
+        if checking:
+            m.d.comb += void.eq(bad_in | flit.abort)
+        if self.parent_link:
+            m.d.comb += self.down_in_nack.eq(self.down_in.valid & self.down_in.ready & bad_in)
         in_packet = Signal()       # a packet's first flit has passed, not yet its last
         dropping = Signal()        # the current packet has no destination here: consumed
         cur_slot = Signal(range(slots))
         cur_dests = Signal(F)
         cur_count = Signal(range(P + 1))
+        cur_head = Signal(down_layout(cfg))    # the packet's first flit: an abort repeats it
         mask_dests = Signal(F)
         for child in range(F):
             low = self.base + child * self.span
@@ -271,25 +368,54 @@ class NopSwitch(ConfiguredComponent):
 
         out_valid = Signal(F)
         out_payload = [Signal(down_layout(cfg), name=f"down_out{c}_payload") for c in range(F)]
+        out_slot = [Signal(range(slots), name=f"down_out{c}_slot") for c in range(F)]
         for child in range(F):
             port = self.down_out[child]
-            m.d.comb += [port.valid.eq(out_valid[child]), port.payload.eq(out_payload[child])]
+            m.d.comb += port.valid.eq(out_valid[child])
+            _send(m, self.kind, port, out_payload[child], self.child_links, f"down_out{child}")
             with m.If(port.ready):
                 m.d.sync += out_valid[child].eq(0)
         outputs_free = Cat(~out_valid[c] | self.down_out[c].ready for c in range(F))
         fork_ready = ((dests & ~outputs_free) == 0)
         first_ok = (mask_dests == 0) | (any_free & ~token_busy)
-        m.d.comb += self.down_in.ready.eq(fork_ready & (in_packet | first_ok))
-
-        with m.If(self.down_in.valid & self.down_in.ready):
+        # A void first flit is consumed at once (nothing forwarded); a void flit inside a packet
+        # waits for the packet's outputs, where its abort goes.
+        take = self.down_in.valid & self.down_in.ready
+        if not checking:
+            m.d.comb += self.down_in.ready.eq(fork_ready & (in_packet | first_ok))
+            forward = m.If(take)
+        else:
+            m.d.comb += self.down_in.ready.eq(Mux(in_packet, fork_ready,
+                                                  (fork_ready & first_ok) | void))
+            with m.If(take & void):
+                with m.If(in_packet):
+                    # End the packet here: every child it went to gets its first flit again with
+                    # abort and last set and zero data; this switch owes nothing for it.
+                    for child in range(F):
+                        with m.If(cur_dests[child]):
+                            aborting = out_payload[child]
+                            m.d.sync += [out_valid[child].eq(1), aborting.eq(cur_head),
+                                         aborting.data.eq(0), aborting.last.eq(1),
+                                         aborting.abort.eq(1)]
+                    m.d.sync += in_packet.eq(0)
+                    with m.If(~dropping):
+                        m.d.sync += Array(valid)[cur_slot].eq(0)
+                with m.Elif(~bad_in):
+                    m.d.sync += error.eq(1)             # a first flit with abort set: dropped
+            forward = m.Elif(take)
+        with forward:
             for child in range(F):
                 with m.If(dests[child]):
                     m.d.sync += [out_valid[child].eq(1), out_payload[child].eq(flit)]
+                    if self.child_links:
+                        m.d.sync += out_slot[child].eq(Mux(in_packet, cur_slot, free_slot))
             count = Mux(in_packet, cur_count, 0) + 1
             kept_count = Mux(count > P, P, count)     # a packet longer than P combines P flits
             with m.If(~in_packet):
                 m.d.sync += [cur_dests.eq(mask_dests), cur_slot.eq(free_slot),
                              dropping.eq(mask_dests == 0)]
+                if checking:
+                    m.d.sync += cur_head.eq(flit)
                 with m.If(mask_dests == 0):
                     m.d.sync += error.eq(1)
             with m.If(count > P):
@@ -303,8 +429,21 @@ class NopSwitch(ConfiguredComponent):
                         m.d.sync += [valid[s].eq(1), token[s].eq(flit.token),
                                      owed[s].eq(mask_dests), arrived[s].eq(0),
                                      dispatched[s].eq(0)]
+                        if checking:
+                            m.d.sync += poisoned[s].eq(0)
                     with m.If(flit.last):
                         m.d.sync += [dispatched[s].eq(1), flits[s].eq(kept_count)]
+
+        # A child says the flit it just took failed its check: it owes nothing for that packet,
+        # the slot leaves as an abort, and the rest of the packet is not sent to it.
+        if self.child_links:
+            for child in range(F):
+                with m.If(self.down_out_nack[child]):
+                    for s in range(slots):
+                        with m.If(out_slot[child] == s):
+                            m.d.sync += [owed[s][child].eq(0), poisoned[s].eq(1)]
+                    with m.If(~out_payload[child].last):
+                        m.d.sync += [out_valid[child].eq(0), cur_dests[child].eq(0)]
 
         # --- combine: per-child buffers written at (slot, flit index) ---
         acc_layout = up_layout(cfg).members["data"]
@@ -315,6 +454,10 @@ class NopSwitch(ConfiguredComponent):
         for child in range(F):
             port = self.up_in[child]
             m.d.comb += port.ready.eq(1)
+            ret, bad = _receive(m, self.kind, port, up_layout(cfg), self.child_links,
+                                f"up_in{child}")
+            if self.child_links:
+                m.d.comb += self.up_in_nack[child].eq(port.valid & bad)
             memory = Memory(shape=acc_layout, depth=slots * P, init=[])
             m.submodules[f"buffer{child}"] = memory
             write = memory.write_port()
@@ -327,20 +470,25 @@ class NopSwitch(ConfiguredComponent):
             # expression would be emitted again for each read (slots^2 terms per child).
             hits = Signal(slots, name=f"up{child}_hits")
             m.d.comb += hits.eq(Cat(valid[s] & owed[s][child] & ~arrived[s][child] &
-                                    (token[s] == port.payload.token) for s in range(slots)))
+                                    (token[s] == ret.token) for s in range(slots)))
             hit_slot = _lowest_set(m, hits, f"up{child}_slot")
-            with m.If(port.valid):
+            # A bad flit is not written and changes nothing: the child answers the nack by
+            # ending its return with an abort flit.
+            with m.If(port.valid & ~bad if self.child_links else port.valid):
                 with m.If(hits.any() & (count < P)):
                     m.d.comb += [write.addr.eq(hit_slot * P + count), write.en.eq(1),
-                                 write.data.eq(port.payload.data)]
+                                 write.data.eq(ret.data)]
                 with m.Else():
                     m.d.sync += error.eq(1)
-                m.d.sync += count.eq(Mux(port.payload.last, 0, Mux(count > P, count, count + 1)))
-                with m.If(port.payload.last & hits.any()):
+                m.d.sync += count.eq(Mux(ret.last, 0, Mux(count > P, count, count + 1)))
+                with m.If(ret.last & hits.any()):
                     for s in range(slots):
                         with m.If(hit_slot == s):
                             m.d.sync += [arrived[s][child].eq(1),
                                          returned[s][child].eq(Mux(count > P, count, count + 1))]
+                            if checking:
+                                with m.If(ret.abort):
+                                    m.d.sync += poisoned[s].eq(1)
 
         # --- emit completed slots upward, one flit per cycle ---
         complete = Signal(slots)
@@ -362,16 +510,36 @@ class NopSwitch(ConfiguredComponent):
         slot_used = slot_owed & Array(length_ok)[emit_slot]
         slot_token = Array(token)[emit_slot]
         final = emit_index + 1 >= slot_flits
+        if checking:
+            slot_poisoned = Array(poisoned)[emit_slot]
+            final = final | slot_poisoned      # an abort is one flit
 
         out_full = Signal()
         out_owed = Signal(F)
         out_token = Signal(cfg.token_width)
         out_last = Signal()
+        out_abort = Signal()
         m.d.comb += advance.eq(~out_full | self.up_out.ready)
-        with m.If(advance):
+        if self.parent_link:
+            with m.If(advance & self.up_out_nack):
+                # The parent took the flit and found it bad: send an abort for its token next,
+                # and end the slot it came from if that flit was not the slot's last.
+                m.d.sync += [out_full.eq(1), out_last.eq(1), out_abort.eq(1)]
+                with m.If(~out_last):
+                    m.d.sync += [busy.eq(0), pointer.eq(Mux(busy_slot + 1 == slots, 0,
+                                                            busy_slot + 1)),
+                                 Array(valid)[busy_slot].eq(0)]
+            emitting = m.Elif(advance)
+        else:
+            emitting = m.If(advance)
+        with emitting:
             m.d.sync += [out_full.eq(issuing), out_owed.eq(slot_used), out_token.eq(slot_token),
                          out_last.eq(final)]
-            with m.If(issuing & (slot_used != slot_owed)):
+            wrong_length = issuing & (slot_used != slot_owed)
+            if checking:
+                m.d.sync += out_abort.eq(slot_poisoned)
+                wrong_length = wrong_length & ~slot_poisoned
+            with m.If(wrong_length):
                 m.d.sync += error.eq(1)
             with m.If(issuing):
                 with m.If(final):
@@ -382,6 +550,7 @@ class NopSwitch(ConfiguredComponent):
                     m.d.sync += [busy.eq(1), busy_slot.eq(emit_slot),
                                  busy_index.eq(emit_index + 1)]
         # The read data holds while the output waits (read enable = advance).
+        up_flit = Signal(up_layout(cfg)) if self.parent_link else self.up_out.payload
         for lane in range(cfg.lanes):
             if cfg.combine_dtype == "int":
                 total = Const(0, signed(cfg.acc_width))
@@ -390,9 +559,13 @@ class NopSwitch(ConfiguredComponent):
             else:
                 total = self._float_sum(m, [read.data[lane] for read in read_ports], out_owed,
                                         f"lane{lane}")
-            m.d.comb += self.up_out.payload.data[lane].eq(total)
-        m.d.comb += [self.up_out.valid.eq(out_full), self.up_out.payload.token.eq(out_token),
-                     self.up_out.payload.last.eq(out_last)]
+            m.d.comb += up_flit.data[lane].eq(Mux(out_abort, 0, total) if checking else total)
+        m.d.comb += [self.up_out.valid.eq(out_full), up_flit.token.eq(out_token),
+                     up_flit.last.eq(out_last)]
+        if checking:
+            m.d.comb += up_flit.abort.eq(out_abort)
+        if self.parent_link:
+            _send(m, self.kind, self.up_out, up_flit, True, "up_out")
         return m
 
 
@@ -419,6 +592,11 @@ class NopTree(ConfiguredComponent):
 
     Internal links are numbered breadth-first: link ``j`` connects the ``j``-th non-root switch
     (level by level, left to right) to its parent.
+
+    With ``link_check``: ``down_link_errors``/``up_link_errors`` (a 16-bit count per internal
+    link, saturating: flits that failed their check at the switch they entered) and the sticky
+    ``link_error``. With ``fault_inject`` (tests only): ``down_link_flip``/``up_link_flip``, one
+    word per internal link XORed into the link's flit (check bits at bit 0).
     """
 
     def __init__(self, config):
@@ -427,6 +605,14 @@ class NopTree(ConfiguredComponent):
         ports = _ports(config, config.leaves)
         ports["down_link_fire"] = Out(max(1, self.internal_links))
         ports["up_link_fire"] = Out(max(1, self.internal_links))
+        links = self.internal_links
+        if config.link_check != "none":
+            ports["down_link_errors"] = Out(data.ArrayLayout(unsigned(ERROR_COUNT_WIDTH), links))
+            ports["up_link_errors"] = Out(data.ArrayLayout(unsigned(ERROR_COUNT_WIDTH), links))
+            ports["link_error"] = Out(1)
+        if config.fault_inject:
+            ports["down_link_flip"] = In(data.ArrayLayout(down_layout(config, True).size, links))
+            ports["up_link_flip"] = In(data.ArrayLayout(up_layout(config, True).size, links))
         super().__init__(config, ports)
 
     def elaborate(self, platform):
@@ -439,7 +625,9 @@ class NopTree(ConfiguredComponent):
             count = math.prod(cfg.fanouts[:level])
             row = []
             for index in range(count):
-                switch = NopSwitch(cfg, fanout, base=index * fanout * span, span=span)
+                switch = NopSwitch(cfg, fanout, base=index * fanout * span, span=span,
+                                   parent_link=level > 0,
+                                   child_links=level + 1 < len(cfg.fanouts))
                 m.submodules[f"switch_l{level}_{index}"] = switch
                 errors.append(switch.error)
                 row.append(switch)
@@ -447,13 +635,19 @@ class NopTree(ConfiguredComponent):
         wiring.connect(m, wiring.flipped(self.down_in), levels[0][0].down_in)
         wiring.connect(m, wiring.flipped(self.up_out), levels[0][0].up_out)
         link = 0
+        link_bad = []           # a flit failed its check on some link this cycle
         for level in range(1, len(levels)):
             parent_fanout = cfg.fanouts[level - 1]
             for index, switch in enumerate(levels[level]):
                 parent = levels[level - 1][index // parent_fanout]
                 child = index % parent_fanout
-                wiring.connect(m, parent.down_out[child], switch.down_in)
-                wiring.connect(m, switch.up_out, parent.up_in[child])
+                self._link(m, link, parent.down_out[child], switch.down_in, "down")
+                self._link(m, link, switch.up_out, parent.up_in[child], "up")
+                if cfg.link_check != "none":
+                    m.d.comb += [parent.down_out_nack[child].eq(switch.down_in_nack),
+                                 switch.up_out_nack.eq(parent.up_in_nack[child])]
+                    self._count_errors(m, link, switch.down_in_nack, parent.up_in_nack[child])
+                    link_bad += [switch.down_in_nack, parent.up_in_nack[child]]
                 m.d.comb += [
                     self.down_link_fire[link].eq(switch.down_in.valid & switch.down_in.ready),
                     self.up_link_fire[link].eq(switch.up_out.valid & switch.up_out.ready)]
@@ -464,7 +658,29 @@ class NopTree(ConfiguredComponent):
             wiring.connect(m, switch.down_out[leaf % fanout], wiring.flipped(self.down_out[leaf]))
             wiring.connect(m, wiring.flipped(self.up_in[leaf]), switch.up_in[leaf % fanout])
         m.d.comb += self.error.eq(Cat(errors).any())
+        if link_bad:
+            flag = Signal()
+            m.d.comb += self.link_error.eq(flag)
+            with m.If(Cat(link_bad).any()):
+                m.d.sync += flag.eq(1)
         return m
+
+    def _link(self, m, link, sender, receiver, direction):
+        """A switch-to-switch stream; with ``fault_inject`` its flit passes through an XOR."""
+        if not self.config.fault_inject:
+            wiring.connect(m, sender, receiver)
+            return
+        flip = getattr(self, f"{direction}_link_flip")[link]
+        m.d.comb += [receiver.valid.eq(sender.valid), sender.ready.eq(receiver.ready),
+                     receiver.payload.as_value().eq(sender.payload.as_value() ^ flip)]
+
+    def _count_errors(self, m, link, down_bad, up_bad):
+        """Saturating counts of the flits that failed their check on ``link``."""
+        for direction, bad in (("down", down_bad), ("up", up_bad)):
+            count = Signal(ERROR_COUNT_WIDTH, name=f"{direction}_link{link}_errors")
+            m.d.comb += getattr(self, f"{direction}_link_errors")[link].eq(count)
+            with m.If(bad & ~count.all()):
+                m.d.sync += count.eq(count + 1)
 
 
 def _figures(config):
@@ -491,4 +707,10 @@ register(Block(
             "in-network combine"),
     area_unit="switch", area_units=lambda cfg: sum(math.prod(cfg.fanouts[:level])
                                                    for level in range(len(cfg.fanouts))),
+    # With link checks, each switch is mapped on its own: flattened, a sender's check and the
+    # receiver's recomputation of it are one net, and Yosys removes the checker as a
+    # tautology. Gate by gate: Yosys 0.70's ABC fails an internal assertion (rtlil.cc:3091,
+    # ABC_OPS_REINTEGRATE) on the flattened parity tree.
+    synth_flatten=lambda cfg: cfg.link_check == "none",
+    synth_abc=lambda cfg: cfg.link_check == "none",
 ))

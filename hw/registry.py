@@ -60,11 +60,12 @@ class Block:
     tb : str
         The cocotb module's name after ``tb/test_`` when a family holds blocks with different
         tests (default: the family's): ``tb/test_<family>_<what>.py``.
-    synth_flatten : bool
+    synth_flatten : bool or callable
         Flatten before the generic synthesis (the default). False maps each module on its
         own: Yosys 0.70's ABC (yowasp) exits without a word on flattened netlists holding several
         spike-gated arrays (spiking_moe, spiking_attention); the cells are then counted over
-        the hierarchy.
+        the hierarchy. A callable ``synth_flatten(config) -> bool`` decides per configuration
+        (:meth:`flatten`).
     """
     name: str
     family: str
@@ -78,9 +79,13 @@ class Block:
     legend: str = ""
     tiers: Callable = None
     tier_contents: tuple = ("", "")
-    synth_flatten: bool = True
+    synth_flatten: object = True
     synth_abc: object = True
     tb: str = ""
+
+    def flatten(self, config):
+        """Whether the generic synthesis of ``config`` flattens first (``synth_flatten``)."""
+        return self.synth_flatten(config) if callable(self.synth_flatten) else self.synth_flatten
 
     def abc(self, config):
         """Whether the generic synthesis of ``config`` maps with ABC (``synth_abc``)."""

@@ -19,6 +19,7 @@ from golden import fixed
 from golden import fp
 from golden import nop as golden
 from golden import router as golden_router
+from hw import nop as hw_nop
 from tb.harness import load_dut_config, make_rng, write_throughput
 from tb.streams import (STALL_PROFILES, StreamBench, edge_now, reset_dut, start_after_reset,
                         start_clock, wait_for)
@@ -86,6 +87,9 @@ class TreeBench(StreamBench):
         self.leaf_return_edges = {}        # (leaf, token) -> edge of the last return flit
         self.return_lengths = {}           # (leaf, token) -> flits returned, when not the packet's
         self._tasks = []
+        for name in ("down_link_flip", "up_link_flip"):       # fault injection: none here
+            if hasattr(dut, name):
+                getattr(dut, name).value = 0
 
     # --- traffic ---
     def random_packet(self, token, mask=None, flits=None):
@@ -133,6 +137,9 @@ class TreeBench(StreamBench):
             while seen < len(sink.received):
                 _, flit = sink.received[seen]
                 seen += 1
+                if getattr(flit, "abort", 0):
+                    current = []         # the tree voided the packet: nothing is owed for it
+                    continue
                 current.append([int(x) for x in flit.data])
                 if flit.last:
                     token = int(flit.token)
@@ -537,3 +544,235 @@ async def test_throughput(dut):
         "flits per cycle on a link, cycles, r (leaf copies per token) for round-robin vs "
         "clustered placement, root-link flits per token without/with in-network combine",
         (edge_now() - cycles_before) / elapsed)
+
+
+# ---- link_check: fault injection (only in trees built with fault_inject=1) -------------------
+
+def _manifest_params():
+    import json
+    path = cocotb.plusargs.get("moegen_manifest")
+    if not path:
+        return {}
+    with open(path) as handle:
+        return json.load(handle)["params"]
+
+
+class FaultInjector:
+    """Flips bits of random switch-to-switch links for one cycle at a time: a single bit with
+    ``parity``, a burst of 1 to 8 adjacent bits with ``crc8`` (anywhere in the link word, check
+    bits included). A flip counts as a fault when the link transfers a flit in that cycle (its
+    ``*_link_fire`` tap); the tree must then report it on that link's counter."""
+
+    def __init__(self, bench, probability):
+        self.bench, self.dut, self.rng = bench, bench.dut, bench.rng
+        self.probability = probability
+        self.links = bench.internal
+        layouts = {"down": hw_nop.down_layout(bench.cfg, True),
+                   "up": hw_nop.up_layout(bench.cfg, True)}
+        self.width = {d: layout.size for d, layout in layouts.items()}
+        self.faults = {"down": [0] * self.links, "up": [0] * self.links}
+        self.bursts = []        # (direction, link, offset, length) of every fault
+        self.running = False
+        self._task = None
+
+    def start(self):
+        self.running = True
+        self._task = cocotb.start_soon(self._run())
+
+    async def stop(self):
+        self.running = False
+        await ClockCycles(self.dut.clk, 2)
+        self._task.cancel()
+        self.dut.down_link_flip.value = 0
+        self.dut.up_link_flip.value = 0
+
+    def _burst(self, direction):
+        width = self.width[direction]
+        length = 1 if self.bench.cfg.link_check == "parity" else self.rng.randint(1, min(8, width))
+        offset = self.rng.randint(0, width - length)
+        return offset, length
+
+    async def _run(self):
+        while True:
+            await RisingEdge(self.dut.clk)
+            if not self.running or self.rng.random() >= self.probability:
+                continue
+            direction = self.rng.choice(("down", "up"))
+            link = self.rng.randrange(self.links)
+            offset, length = self._burst(direction)
+            word = ((1 << length) - 1) << (offset + link * self.width[direction])
+            port = getattr(self.dut, f"{direction}_link_flip")
+            port.value = word
+            await RisingEdge(self.dut.clk)
+            port.value = 0
+            fired = getattr(self.dut, f"{direction}_link_fire").value.to_unsigned() >> link & 1
+            if fired:
+                self.faults[direction][link] += 1
+                self.bursts.append((direction, link, offset, length))
+
+    def counted(self):
+        """The tree's per-link error counts, down and up."""
+        out = {}
+        for direction in ("down", "up"):
+            bits = getattr(self.dut, f"{direction}_link_errors").value.to_unsigned()
+            width = hw_nop.ERROR_COUNT_WIDTH
+            out[direction] = [(bits >> (link * width)) & ((1 << width) - 1)
+                              for link in range(self.links)]
+        return out
+
+
+def check_faulty_run(bench):
+    """After faults: nothing corrupted left the tree. Each token leaves the root once, either
+    as the golden combine or as one abort flit (data zero); each leaf received golden packets
+    in dispatch order, some missing and some cut short by an abort flit (data zero), and a
+    token whose packet did not reach every leaf whole is aborted at the root. Returns the
+    number of aborted tokens."""
+    packets = bench.packets
+    sums = golden.combine(packets, bench.returned, bench.cfg.acc_width, bench.cfg.combine_dtype,
+                          bench.fanouts)
+    outcome = {}
+    current = []
+    for _, flit in bench.combined.received:
+        current.append(flit)
+        if flit.last:
+            token = int(current[0].token)
+            assert token not in outcome, f"token {token} left the root twice"
+            if current[-1].abort:
+                assert len(current) == 1 and all(int(v) == 0 for v in current[0].data), (
+                    f"token {token}: an abort must be one flit of zero data")
+                outcome[token] = "abort"
+            else:
+                assert not any(f.abort for f in current)
+                outcome[token] = [[int(v) for v in f.data] for f in current]
+            current = []
+    assert not current, "the root output ends inside a packet"
+    assert sorted(outcome) == sorted(p["token"] for p in packets), "a token was lost"
+    whole = {p["token"]: True for p in packets}
+    for leaf, indices in enumerate(golden.deliveries(packets, bench.fanouts)):
+        got, packet = [], []
+        for _, flit in bench.leaf_in[leaf].received:
+            packet.append(flit)
+            if flit.last:
+                got.append(packet)
+                packet = []
+        assert not packet, f"leaf {leaf}: its flits end inside a packet"
+        position = 0
+        for received in got:
+            token = int(received[0].token)
+            while position < len(indices) and packets[indices[position]]["token"] != token:
+                whole[packets[indices[position]]["token"]] = False      # never arrived
+                position += 1
+            assert position < len(indices), f"leaf {leaf}: token {token} out of order or stray"
+            want = packets[indices[position]]
+            position += 1
+            flits = [(int(f.token), int(f.mask), [int(v) for v in f.data]) for f in received]
+            expect = [(want["token"], want["mask"], data) for data in want["flits"]]
+            if received[-1].abort:
+                whole[token] = False
+                assert flits[-1] == (want["token"], want["mask"], [0] * bench.cfg.lanes)
+                assert flits[:-1] == expect[:len(flits) - 1], (
+                    f"leaf {leaf}: token {token} corrupted")
+                assert len(flits) - 1 < len(expect)
+            else:
+                assert flits == expect, f"leaf {leaf}: token {token} corrupted"
+        for index in indices[position:]:
+            whole[packets[index]["token"]] = False
+    for packet, flits in zip(packets, sums):
+        token = packet["token"]
+        if outcome[token] != "abort":
+            assert whole[token], f"token {token} combined though a leaf missed its packet"
+            assert outcome[token] == flits, f"token {token}: combined sums differ from golden"
+    assert bench.dut.error.value == 0
+    return sum(1 for value in outcome.values() if value == "abort")
+
+
+if _manifest_params().get("fault_inject"):
+    @cocotb.test()
+    @cocotb.parametrize((("gap", "stall"), [STALL_PROFILES[0], STALL_PROFILES[-1]]))
+    async def test_link_faults_are_detected_dropped_and_counted(dut, gap, stall):
+        """Random bit flips on random internal links while random traffic flows: every flip
+        that met a transfer is counted on its link (every single bit with parity, every burst
+        of up to 8 bits with crc8); nothing corrupted leaves the tree; every token leaves the
+        root once (summed or aborted); traffic after the faults is exact; reset clears the
+        counts and the sticky flag."""
+        bench = _setup(dut, f"faults:{gap}:{stall}", gap=gap, stall=stall, return_delay=(0, 8))
+        await start_after_reset(dut, bench)
+        injector = FaultInjector(bench, probability=0.08)
+        injector.start()
+        for token in range(80):
+            bench.send(bench.random_packet(token))
+        await bench.drain(max_cycles=60000)
+        await injector.stop()
+        await ClockCycles(dut.clk, 5)
+        faults = sum(injector.faults["down"]) + sum(injector.faults["up"])
+        assert injector.counted() == injector.faults, (injector.counted(), injector.faults)
+        aborted = check_faulty_run(bench)
+        assert faults >= 10, f"only {faults} flips met a transfer: the test is too weak"
+        assert 1 <= aborted <= faults, (aborted, faults)
+        assert dut.link_error.value == 1
+        dut._log.info("faults %s, bursts up to %d bits, %d of 80 tokens aborted", injector.faults,
+                      max(length for *_, length in injector.bursts), aborted)
+        # Traffic after the faults: exact, with every slot of every switch released.
+        bench.stop()
+        after = _setup(dut, f"after-faults:{gap}:{stall}", gap=gap, stall=stall)
+        after.start()
+        for token in range(3 * bench.cfg.max_inflight + 10):
+            after.send(after.random_packet(100 + token))
+        await after.drain()
+        after.check()
+        assert injector.counted() == injector.faults       # no new error
+        after.stop()
+        await reset_dut(dut)
+        assert dut.link_error.value == 0
+        assert injector.counted() == {"down": [0] * injector.links, "up": [0] * injector.links}
+
+    async def _flip_flit(dut, direction, link, position, offset, width):
+        """Flip bit ``offset`` of the ``position``-th flit the link carries from now on (flits
+        of a packet or a return cross one a cycle with no stalls)."""
+        port = getattr(dut, f"{direction}_link_flip")
+        fire = getattr(dut, f"{direction}_link_fire")
+        word = 1 << (offset + link * width)
+        if position == 0:
+            port.value = word          # on while the link is idle: the first flit meets it
+        while True:
+            await RisingEdge(dut.clk)
+            if fire.value.to_unsigned() >> link & 1:
+                break
+        if position:
+            for _ in range(position - 1):
+                await RisingEdge(dut.clk)
+            port.value = word
+            await RisingEdge(dut.clk)
+            assert fire.value.to_unsigned() >> link & 1, "the packet's flits did not follow"
+        port.value = 0
+
+    @cocotb.test()
+    async def test_link_faults_in_every_flit_position(dut):
+        """One fault at a time, no stalls, on the down and the up link of the first child
+        switch: in a packet's first flit (a check bit), a middle one (the token's low bit) and
+        its last (the ``last`` bit, so framing itself is hit). Each aborts exactly its token,
+        is counted once on that link, and the next token is exact."""
+        bench = _setup(dut, "faults-positions", return_delay=(0, 0))
+        await start_after_reset(dut, bench)
+        injector = FaultInjector(bench, probability=0.0)
+        length = bench.cfg.max_flits
+        token = 0
+        for direction in ("down", "up"):
+            layout = (hw_nop.down_layout if direction == "down" else hw_nop.up_layout)(
+                bench.cfg, True)
+            offsets = {0: 0, length // 2: layout["token"].offset,
+                       length - 1: layout["last"].offset}
+            for position, offset in sorted(offsets.items()):
+                before = injector.counted()[direction][0]
+                flip = cocotb.start_soon(_flip_flit(dut, direction, 0, position, offset,
+                                                    injector.width[direction]))
+                bench.send(bench.random_packet(token, (1 << bench.leaves) - 1, length))
+                await bench.drain()
+                await flip
+                assert injector.counted()[direction][0] == before + 1, (direction, position)
+                bench.send(bench.random_packet(token + 1, (1 << bench.leaves) - 1, length))
+                await bench.drain()
+                token += 2
+        check_faulty_run(bench)
+        aborted = [int(f.token) for _, f in bench.combined.received if f.abort]
+        assert aborted == list(range(0, token, 2)), f"aborted tokens {aborted}"

@@ -24,12 +24,15 @@ SWITCH_CONFIGS = [
 TREE_CONFIGS = [
     {},
     # Non-uniform fanouts, one slot per switch (every token waits for the previous one); an FP32
-    # combine, rounded at each of the two levels.
+    # combine, rounded at each of the two levels; CRC-8 on the links, faults injected.
     {"fanouts": (2, 3), "lanes": 2, "max_flits": 2, "max_inflight": 1, "combine_dtype": "fp32",
-     "acc_width": 32},
-    # Three levels.
-    {"fanouts": (2, 2, 2), "lanes": 1, "max_flits": 3, "max_inflight": 3},
+     "acc_width": 32, "link_check": "crc8", "fault_inject": 1},
+    # Three levels; parity on the links, faults injected.
+    {"fanouts": (2, 2, 2), "lanes": 1, "max_flits": 3, "max_inflight": 3,
+     "link_check": "parity", "fault_inject": 1},
 ]
+COCOTB_TESTS = 13
+FAULT_TESTS = 3           # tb/test_nop.py's link-fault tests, in trees with fault_inject
 SWEEP_TREE_CONFIGS = [
     {"fanouts": (4, 16), "lanes": 2, "max_flits": 2, "max_inflight": 4},
 ]
@@ -148,6 +151,14 @@ def test_clustered_placement_lowers_r():
      "parameter 'acc_width': got 12; allowed: 16 with combine_dtype bf16 (its codes)"),
     (NopSwitchConfig, {"combine_dtype": "fp16"},
      "parameter 'combine_dtype': got 'fp16'; allowed: one of 'int', 'bf16', 'fp32'"),
+    (NopConfig, {"fanouts": (4,), "link_check": "crc8"},
+     "parameter 'link_check': got 'crc8'; allowed: 'none' for a one-level tree (it has no "
+     "switch-to-switch links)"),
+    (NopConfig, {"fanouts": (8,), "fault_inject": 1},
+     "parameter 'fault_inject': got 1; allowed: 0 for a one-level tree (it has no "
+     "switch-to-switch links)"),
+    (NopConfig, {"link_check": "ecc"},
+     "parameter 'link_check': got 'ecc'; allowed: one of 'none', 'parity', 'crc8'"),
 ])
 def test_config_rejects_bad_values(cls, kwargs, message):
     with pytest.raises(ParamError) as info:
@@ -165,13 +176,14 @@ def test_fanouts_from_the_command_line_and_manifest():
 @pytest.mark.parametrize("simulator", SIMULATORS)
 @pytest.mark.parametrize("params", SWITCH_CONFIGS, ids=[config_id(p) for p in SWITCH_CONFIGS])
 def test_cocotb_switch(params, simulator):
-    assert run_block("nop_switch", params, simulator).tests == 13
+    assert run_block("nop_switch", params, simulator).tests == COCOTB_TESTS
 
 
 @pytest.mark.parametrize("simulator", SIMULATORS)
 @pytest.mark.parametrize("params", TREE_CONFIGS, ids=[config_id(p) for p in TREE_CONFIGS])
 def test_cocotb_tree(params, simulator):
-    assert run_block("nop_tree", params, simulator).tests == 13
+    want = COCOTB_TESTS + (FAULT_TESTS if params.get("fault_inject") else 0)
+    assert run_block("nop_tree", params, simulator).tests == want
 
 
 @pytest.mark.sweep
@@ -195,3 +207,54 @@ def test_manifest_lists_every_port_of_the_verilog_top(tmp_path):
     declared = set(re.findall(r"(?:input|output)\s+(?:\[\d+:0\]\s+)?(\S+);", top))
     assert {p["name"] for p in info["ports"]} == declared
     assert "up_in__5__payload" in declared and "down_link_fire" in declared
+
+
+def test_crc8_is_the_catalogue_crc8_smbus():
+    # The catalogue's check value: CRC-8/SMBUS of the ASCII bytes "123456789" is 0xF4.
+    assert golden.crc8(int.from_bytes(b"123456789", "big"), 72) == 0xF4
+    assert golden.crc8(0, 40) == 0 and golden.link_check("parity", 0b1011, 4) == 1
+
+
+@pytest.mark.parametrize("kind, longest", [("parity", 1), ("crc8", 8)])
+def test_link_checks_catch_every_burst_they_promise(kind, longest):
+    """Every burst of up to ``longest`` adjacent bits anywhere in a link word (check bits
+    included) fails the check, for random words of several widths."""
+    rng = np.random.default_rng(4)
+    bits = golden.CHECK_BITS[kind]
+    for width in (1, 7, 8, 9, 31, 64, 129):
+        for _ in range(4):
+            message = int(rng.integers(0, 1 << min(width, 62))) << max(0, width - 62)
+            word = message << bits | golden.link_check(kind, message, width)
+            assert golden.link_check_ok(kind, word, width)
+            for length in range(1, longest + 1):
+                for offset in range(width + bits - length + 1):
+                    flipped = word ^ (((1 << length) - 1) << offset)
+                    assert not golden.link_check_ok(kind, flipped, width), (width, length, offset)
+    # What parity does not promise: two flipped bits slip past it.
+    word = 5 << 1 | golden.link_check("parity", 5, 8)
+    assert golden.link_check_ok("parity", word ^ 0b110, 8)
+
+
+def test_check_terms_are_the_code_bit_by_bit():
+    rng = np.random.default_rng(5)
+    for kind in ("parity", "crc8"):
+        for width in (1, 13, 100):
+            terms = golden.check_terms(kind, width)
+            for _ in range(20):
+                message = int(rng.integers(0, 1 << min(width, 62)))
+                code = sum((sum(message >> i & 1 for i in term) & 1) << j
+                           for j, term in enumerate(terms))
+                assert code == golden.link_check(kind, message, width)
+
+
+def test_link_check_none_keeps_the_verilog_and_adds_ports_otherwise(tmp_path):
+    from flows.verilog import generate
+    from hw.registry import get_block
+    block = get_block("nop_tree")
+    plain = generate(block, NopConfig(fanouts=(2, 2)), tmp_path / "none")[2]
+    checked = generate(block, NopConfig(fanouts=(2, 2), link_check="crc8"), tmp_path / "crc8")[2]
+    names = {p["name"]: p for p in checked["ports"]}
+    assert {"down_link_errors", "up_link_errors", "link_error"} <= set(names)
+    assert "down_link_flip" not in names
+    assert names["down_link_errors"]["width"] == 2 * 16
+    assert not {"down_link_errors", "link_error"} & {p["name"] for p in plain["ports"]}
