@@ -56,11 +56,11 @@ def _check_combine(config):
 def _check_links(config):
     if len(config.fanouts) > 1:
         return
-    for name, given, only in (("link_check", repr(config.link_check), "'none'"),
-                              ("fault_inject", config.fault_inject, "0")):
+    for name, given, only in (("link_check", config.link_check, "none"),
+                              ("fault_inject", config.fault_inject, 0)):
         if given != only:
-            raise param_error(name, given, f"{only} for a one-level tree (it has no "
-                                           f"switch-to-switch links)")
+            raise param_error(name, repr(given), f"{only!r} for a one-level tree (it has no "
+                                                 f"switch-to-switch links)")
 
 
 def _check_leaves(fanouts):

@@ -169,6 +169,7 @@ def test_config_rejects_bad_values(cls, kwargs, message):
 def test_fanouts_from_the_command_line_and_manifest():
     assert parse_params(NopConfig, ["fanouts=2,8"]).fanouts == (2, 8)
     assert NopConfig(fanouts=[4, 4]) == NopConfig()        # JSON manifests store lists
+    assert NopConfig(fanouts=(2,)).leaves == 2             # one level: no link check, accepted
     with pytest.raises(ParamError, match="parameter 'fanouts': got '4,x'"):
         parse_params(NopConfig, ["fanouts=4,x"])
 
