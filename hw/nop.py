@@ -54,6 +54,9 @@ def _check_combine(config):
 
 
 def _check_links(config):
+    if config.fault_inject and config.link_check == "none":
+        raise param_error("fault_inject", config.fault_inject,
+                          "0 with link_check 'none' (the flips test the link checks)")
     if len(config.fanouts) > 1:
         return
     for name, given, only in (("link_check", config.link_check, "none"),
@@ -123,8 +126,9 @@ class NopConfig(FlitParams):
         the receiving switch; a flit that fails is never delivered or combined, its packet is
         dropped and its token leaves the root as one ``abort`` flit (docs/blocks/nop.md).
     fault_inject : int
-        Test only (0 or 1): ``down_link_flip``/``up_link_flip`` inputs XORed into the flit of
-        every switch-to-switch link, for fault-injection tests. Leave 0 in a design.
+        Test only (0 or 1; 1 needs a ``link_check``): ``down_link_flip``/``up_link_flip``
+        inputs XORed into the flit of every switch-to-switch link, for fault-injection tests.
+        Leave 0 in a design.
 
     Raises
     ------

@@ -154,9 +154,12 @@ def test_clustered_placement_lowers_r():
     (NopConfig, {"fanouts": (4,), "link_check": "crc8"},
      "parameter 'link_check': got 'crc8'; allowed: 'none' for a one-level tree (it has no "
      "switch-to-switch links)"),
-    (NopConfig, {"fanouts": (8,), "fault_inject": 1},
-     "parameter 'fault_inject': got 1; allowed: 0 for a one-level tree (it has no "
+    (NopConfig, {"fanouts": (8,), "fault_inject": 1, "link_check": "parity"},
+     "parameter 'link_check': got 'parity'; allowed: 'none' for a one-level tree (it has no "
      "switch-to-switch links)"),
+    (NopConfig, {"fault_inject": 1},
+     "parameter 'fault_inject': got 1; allowed: 0 with link_check 'none' (the flips test the "
+     "link checks)"),
     (NopConfig, {"link_check": "ecc"},
      "parameter 'link_check': got 'ecc'; allowed: one of 'none', 'parity', 'crc8'"),
 ])
