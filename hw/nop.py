@@ -704,7 +704,7 @@ register(Block(
 register(Block(
     name="nop_tree", family="nop", config=NopConfig, build=NopTree, figures=_figures,
     summary="NoP tree of switches by fanouts: root dispatch/combine, one stream pair per leaf",
-    demo_configs=({"fanouts": (4, 4)},),
+    demo_configs=({"fanouts": (4, 4)}, {"fanouts": (4, 4), "link_check": "crc8"}),
     legend=("flits per cycle per link (burst root/leaf/combine, continuous root), hop latency, r = "
             "leaf copies per token of a synthetic top-2 trace, round-robin vs clustered "
             "placement, root-link flits per token forwarding every expert / every leaf / "
