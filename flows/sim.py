@@ -7,7 +7,6 @@ configuration; later runs reuse it while the Verilog is unchanged (a stamp holds
 
 import contextlib
 import fcntl
-import hashlib
 import importlib.util
 import os
 import re
@@ -17,8 +16,8 @@ from pathlib import Path
 
 from flows import toolchain
 from flows.threed import generate_3d
-from flows.verilog import (config_key, convert, generate, generator_digest, port_list,
-                           write_if_changed)
+from flows.verilog import (config_key, convert, file_digest, generate, generator_digest,
+                           is_fresh, port_list, write_if_changed)
 
 __all__ = ["SIMULATORS", "BUFFERED_PREFIX", "SimResult", "run_tests", "buffered_tests",
            "SimFailure"]
@@ -175,9 +174,12 @@ def _buffered_harness(block, config, path):
     """Write ``BLOCK_buffered`` (tb.buffered) to ``path`` unless it is there for the same
     configuration and sources (a stamp beside it); return its port names."""
     stamp_path = path.with_suffix(".stamp")
-    stamp = f"{config_key(block, config)} {generator_digest()} {_tb_digest()}\n"
+    # The harness's own source (tb/buffered.py) is part of its Verilog.
+    harness_source = importlib.util.find_spec("tb.buffered").origin
+    stamp = (f"{config_key(block, config)} {generator_digest()} "
+             f"{file_digest(harness_source)}\n")
     ports_path = path.with_suffix(".ports")
-    if stamp_path.exists() and stamp_path.read_text() == stamp and path.exists():
+    if is_fresh(stamp_path, stamp, (path, ports_path)):
         return ports_path.read_text().split()
     from tb.buffered import BufferedHarness
     wrapper = BufferedHarness(block.build(config))
@@ -186,12 +188,6 @@ def _buffered_harness(block, config, path):
     ports_path.write_text("\n".join(ports) + "\n")
     stamp_path.write_text(stamp)
     return ports
-
-
-def _tb_digest():
-    """The harness's own source (tb/buffered.py) is part of its Verilog."""
-    spec = importlib.util.find_spec("tb.buffered")
-    return hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()
 
 
 def _drop_intermediates(build_dir):
@@ -237,7 +233,7 @@ def _run_one(block, config, simulator, harness, testcase, label, *, waves, seed,
             if not waves:
                 sources.append(_public_ports(root / f"public-{toplevel}.vlt", toplevel, ports))
         stamp = build_dir / ".moegen-stamp"
-        digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()
+        digest = file_digest(*sources)
         started = time.monotonic()
         if not (stamp.exists() and stamp.read_text() == digest):
             with _make_flags(optimize):

@@ -19,14 +19,13 @@ The 2D build (``moegen verilog BLOCK``) is the same generator with the bottom ti
 ordinary submodule, flattened by Yosys.
 """
 
-import hashlib
 import json
 from pathlib import Path
 
 from flows import toolchain
 from flows.synth import summarize, synthesize_files
-from flows.verilog import (config_key, convert, generate, generator_digest, port_list,
-                           write_if_changed)
+from flows.verilog import (config_key, convert, file_digest, generate, generator_digest,
+                           is_fresh, port_list, write_if_changed)
 
 __all__ = ["generate_3d", "synthesize_3d", "bond_nets", "NoTiers"]
 
@@ -124,12 +123,12 @@ def generate_3d(block, config, out_dir):
              "bottom": out_dir / f"{block.name}_tier_bottom.v",
              "3d": out_dir / f"{block.name}_3d.v", "equiv": out_dir / f"{block.name}_equiv.v",
              "partition": out_dir / f"{block.name}_partition.txt"}
-    # As generate(): the same configuration and sources reuse the folder (both simulators).
-    stamp_path, record_path = out_dir / f"{block.name}_3d.stamp", out_dir / f"{block.name}_3d.json"
-    wrappers = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()    # this module's
-    stamp = f"{config_key(block, config)} {generator_digest()} {wrappers}\n"
-    if (stamp_path.exists() and stamp_path.read_text() == stamp and record_path.exists()
-            and all(path.exists() for path in paths.values())):
+    # As generate(): the same configuration and sources reuse the folder (both simulators);
+    # this module's source writes the wrappers.
+    stamp_path = out_dir / f"{block.name}_3d.stamp"
+    record_path = out_dir / f"{block.name}_3d.json"
+    stamp = f"{config_key(block, config)} {generator_digest()} {file_digest(__file__)}\n"
+    if is_fresh(stamp_path, stamp, [record_path, *paths.values()]):
         return {"paths": paths, **json.loads(record_path.read_text())}
     top, bottom = block.tiers(config)
     top_ports, bottom_ports = port_list(top), port_list(bottom)

@@ -12,7 +12,8 @@ from amaranth.back import verilog
 from amaranth.hdl import Shape
 from amaranth.lib import data, wiring
 
-__all__ = ["generate", "convert", "manifest", "port_list", "config_key", "write_if_changed"]
+__all__ = ["generate", "convert", "manifest", "port_list", "config_key", "write_if_changed",
+           "generator_digest", "file_digest", "is_fresh"]
 
 
 def config_key(block, config, extra=""):
@@ -132,6 +133,21 @@ def convert(component, name):
                                                 strip_internal_attrs=True))
 
 
+def file_digest(*paths):
+    """A hash of the contents of ``paths``, in order."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(Path(path).read_bytes())
+    return digest.hexdigest()
+
+
+def is_fresh(stamp_path, stamp, outputs):
+    """Whether ``outputs`` were written for ``stamp`` (kept in ``stamp_path`` by the writer
+    once they were all written): then they are reused as they are."""
+    return (stamp_path.exists() and stamp_path.read_text() == stamp
+            and all(Path(path).exists() for path in outputs))
+
+
 @functools.cache
 def generator_digest():
     """A hash of everything a block's Verilog and manifest depend on: the sources of hw/,
@@ -159,8 +175,7 @@ def generate(block, config, out_dir):
     v_path, j_path = out_dir / f"{block.name}.v", out_dir / f"{block.name}.json"
     stamp_path = out_dir / f"{block.name}.stamp"
     stamp = f"{config_key(block, config)} {generator_digest()}\n"
-    if (stamp_path.exists() and stamp_path.read_text() == stamp and v_path.exists()
-            and j_path.exists()):
+    if is_fresh(stamp_path, stamp, (v_path, j_path)):
         return v_path, j_path, json.loads(j_path.read_text())
     component = block.build(config)
     text = convert(component, block.name)
