@@ -13,20 +13,25 @@ import cocotb
 
 from hw.registry import get_block
 
-__all__ = ["load_dut_config", "make_rng", "start_bench", "restart_bench", "write_throughput",
-           "THROUGHPUT_FILE"]
+__all__ = ["dut_manifest", "load_dut_config", "make_rng", "start_bench", "restart_bench",
+           "write_throughput", "THROUGHPUT_FILE"]
 
 # Written by each block's test_throughput in its run folder; read by flows/bench.py.
 THROUGHPUT_FILE = "throughput.json"
 
 
-def load_dut_config():
-    """Return ``(block, config, component)`` for the design under test."""
+def dut_manifest():
+    """The manifest (flows.verilog.manifest) of the design under test."""
     path = cocotb.plusargs.get("moegen_manifest")
     if not path:
         raise RuntimeError("missing plusarg +moegen_manifest=PATH (run through flows.sim)")
     with open(path) as f:
-        manifest = json.load(f)
+        return json.load(f)
+
+
+def load_dut_config():
+    """Return ``(block, config, component)`` for the design under test."""
+    manifest = dut_manifest()
     block = get_block(manifest["block"])
     config = block.config(**manifest["params"])
     return block, config, block.build(config)

@@ -20,7 +20,7 @@ from golden import fp
 from golden import nop as golden
 from golden import router as golden_router
 from hw import nop as hw_nop
-from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.harness import dut_manifest, load_dut_config, make_rng, write_throughput
 from tb.streams import (STALL_PROFILES, StreamBench, edge_now, reset_dut, start_after_reset,
                         start_clock, wait_for)
 
@@ -548,15 +548,6 @@ async def test_throughput(dut):
 
 # ---- link_check: fault injection (only in trees built with fault_inject=1) -------------------
 
-def _manifest_params():
-    import json
-    path = cocotb.plusargs.get("moegen_manifest")
-    if not path:
-        return {}
-    with open(path) as handle:
-        return json.load(handle)["params"]
-
-
 class FaultInjector:
     """Flips bits of random switch-to-switch links for one cycle at a time: a single bit with
     ``parity``, a burst of 1 to 8 adjacent bits with ``crc8`` (anywhere in the link word, check
@@ -686,7 +677,7 @@ def check_faulty_run(bench):
     return sum(1 for value in outcome.values() if value == "abort")
 
 
-if _manifest_params().get("fault_inject"):
+if dut_manifest()["params"].get("fault_inject"):
     @cocotb.test()
     @cocotb.parametrize((("gap", "stall"), [STALL_PROFILES[0], STALL_PROFILES[-1]]))
     async def test_link_faults_are_detected_dropped_and_counted(dut, gap, stall):
