@@ -28,6 +28,11 @@ beat is column ``c*M + l`` of the current row, lanes past the row end are ignore
   then ``Wd[:, slice]`` rows 0..D-1 (each ``ceil(I_s/M)`` beats).
 
 The activation port carries x as ``ceil(cols/M)`` beats of M elements, same lane order.
+
+Multi-token commands: a command names S tokens; x is S vectors sent one after another, each
+weight beat is used for every token before the next beat (token 0 first), and the results leave
+row by row, token by token within a row: result ``r*S + t`` is row r of token t
+(:func:`interleave_tokens`).
 """
 
 import dataclasses
@@ -40,7 +45,8 @@ from golden.fixed import saturate, wrap
 __all__ = ["requant", "gemv", "ffn_slice", "ffn_expert", "split_sizes", "split_expert",
            "activation_lut", "gemv_weight_beats", "ffn_weight_beats", "vector_beats",
            "tree_levels", "gate_drain", "result_latency", "command_cycles", "weight_beats",
-           "useful_macs", "timeline", "OP_GEMV", "OP_FFN_SLICE"]
+           "useful_macs", "timeline", "interleave_tokens", "gemv_tokens", "ffn_slice_tokens",
+           "OP_GEMV", "OP_FFN_SLICE"]
 
 OP_GEMV, OP_FFN_SLICE = 0, 1
 
@@ -92,6 +98,23 @@ def ffn_slice(wg, wu, wd, x, lut, shifts, x_width, acc_width):
 def ffn_expert(wg, wu, wd, x, lut, shifts, x_width, acc_width):
     """The whole expert FFN (no split): ``Wd·h`` with h as in :func:`ffn_slice`."""
     return ffn_slice(wg, wu, wd, x, lut, shifts, x_width, acc_width)[0]
+
+
+def interleave_tokens(per_token):
+    """Per-token result lists (S lists of R values) in the core's output order: row by row,
+    token 0..S-1 within a row."""
+    return [int(values[r]) for r in range(len(per_token[0])) for values in per_token]
+
+
+def gemv_tokens(weights, xs, acc_width):
+    """A multi-token gemv: ``W·x_t`` for every token t, in output order."""
+    return interleave_tokens([gemv(weights, x, acc_width) for x in xs])
+
+
+def ffn_slice_tokens(wg, wu, wd, xs, lut, shifts, x_width, acc_width):
+    """A multi-token ffn_slice: each token's partial y (:func:`ffn_slice`), in output order."""
+    return interleave_tokens([ffn_slice(wg, wu, wd, x, lut, shifts, x_width, acc_width)[0]
+                              for x in xs])
 
 
 def split_sizes(inter, parts):
@@ -187,26 +210,30 @@ def result_latency(mults):
 
 
 def weight_beats(op, rows, cols, mults):
-    """Weight beats one command consumes."""
+    """Weight beats one command consumes (however many tokens it names)."""
     if op == OP_GEMV:
         return rows * math.ceil(cols / mults)
     return 2 * rows * math.ceil(cols / mults) + cols * math.ceil(rows / mults)
 
 
-def useful_macs(op, rows, cols):
+def useful_macs(op, rows, cols, tokens=1):
     """Multiply-accumulates the command needs (no padding lanes)."""
-    return rows * cols * (1 if op == OP_GEMV else 3)
+    return rows * cols * (1 if op == OP_GEMV else 3) * tokens
 
 
-def timeline(commands, out_depth, mults):
+def timeline(commands, out_depth, mults, beat_ready=None):
     """Transfer edges of back-to-back commands when every command, x beat and weight beat is
     waiting and the output is always ready; edge 0 takes the first command.
 
     Parameters
     ----------
-    commands : sequence of (op, rows, cols, load_x)
+    commands : sequence of (op, rows, cols, load_x) or (op, rows, cols, load_x, tokens)
+        ``tokens`` (S) defaults to 1.
     out_depth, mults : int
         The core's output FIFO entries and M.
+    beat_ready : sequence of int, optional
+        The earliest edge each weight beat (over all commands, in order) can be taken (a DRAM
+        that delivers it later); by default every beat is waiting.
 
     Returns
     -------
@@ -215,19 +242,22 @@ def timeline(commands, out_depth, mults):
 
     Notes
     -----
-    One edge takes a command; with ``load_x`` the next ``ceil(cols/M)`` edges take x; then one
-    weight beat per edge, except that ``ffn_slice`` pauses :func:`gate_drain` edges between its
-    2*I_s gate rows and its Wd rows, and that a row-ending beat of an output row is taken at
-    edge c only while fewer than ``out_depth`` earlier output rows t have
-    ``t < c <= t + result_latency`` (a slot is reserved from the edge after the beat until the
+    One edge takes a command; with ``load_x`` the next ``S*ceil(cols/M)`` edges take x; then
+    one (beat, token) pair issues per edge, the beat taken at its token-0 pair and held for
+    tokens 1..S-1, except that ``ffn_slice`` pauses :func:`gate_drain` edges between its
+    last gate-row pair and its first Wd pair, and that a row-ending pair of an output row issues
+    at edge c only while fewer than ``out_depth`` earlier output pairs t have
+    ``t < c <= t + result_latency`` (a slot is reserved from the edge after the pair until the
     edge after its result's transfer). Each result leaves :func:`result_latency` edges after its
-    row-ending beat. The next command is taken the edge after the last weight beat.
+    row-ending pair. The next command is taken the edge after the last pair.
     """
     latency = result_latency(mults)
     cycle, command_edges, weight_edges, row_ends = 0, [], [], []
-    for op, rows, cols, load_x in commands:
+    for command in commands:
+        op, rows, cols, load_x = command[:4]
+        tokens = command[4] if len(command) > 4 else 1
         command_edges.append(cycle)
-        cycle += 1 + (math.ceil(cols / mults) if load_x else 0)
+        cycle += 1 + (tokens * math.ceil(cols / mults) if load_x else 0)
         if op == OP_GEMV:
             phases = [(rows, math.ceil(cols / mults), True)]
         else:
@@ -238,20 +268,26 @@ def timeline(commands, out_depth, mults):
                 cycle += gate_drain(mults)
             for _ in range(n_rows):
                 for beat in range(row_beats):
-                    if output and beat == row_beats - 1:
-                        while sum(1 for t in row_ends[-out_depth:]
-                                  if t < cycle <= t + latency) >= out_depth:
-                            cycle += 1
-                        row_ends.append(cycle)
-                    weight_edges.append(cycle)
-                    cycle += 1
+                    for token in range(tokens):
+                        if token == 0 and beat_ready is not None:
+                            cycle = max(cycle, beat_ready[len(weight_edges)])
+                        if output and beat == row_beats - 1:
+                            while sum(1 for t in row_ends[-out_depth:]
+                                      if t < cycle <= t + latency) >= out_depth:
+                                cycle += 1
+                            row_ends.append(cycle)
+                        if token == 0:
+                            weight_edges.append(cycle)
+                        cycle += 1
     return command_edges, weight_edges, [t + latency for t in row_ends]
 
 
-def command_cycles(op, rows, cols, load_x, mults, out_depth):
+def command_cycles(op, rows, cols, load_x, mults, out_depth, tokens=1):
     """Edges from a command's transfer to the next one's, in the setting of :func:`timeline`
     with no earlier result holding an output slot."""
-    return timeline([(op, rows, cols, load_x)], out_depth, mults)[1][-1] + 1
+    # The edge the next command would be taken (a one-beat gemv after it, as a probe).
+    commands = [(op, rows, cols, load_x, tokens), (OP_GEMV, 1, 1, False, 1)]
+    return timeline(commands, out_depth, mults)[0][1]
 
 
 # Table II of seed 002: the four MoE models the schedule model and the tests scale from.

@@ -5,7 +5,12 @@ expert weights), §III-B/Fig. 4 (tensor parallelism: Wg and Wu split by columns,
 I (64 multipliers per DIMM; 64 int8 weights per cycle at 1.6 GHz is the DIMM's internal 102.4
 GB/s). The arithmetic, the stream orders and the cycle model are in :mod:`golden.ndp`.
 
-Datapath, one weight beat (M weights) per cycle::
+Multi-token commands (seed 002's prefill): a command names S tokens (1..``max_tokens``) whose
+activations sit in the buffer side by side; each weight beat is taken once and held for S cycles,
+meeting token 0's x (or h) in the first and token S-1's in the last, so the weights of a command
+are read from DRAM once however many tokens share them and the M multipliers stay busy.
+
+Datapath, one (weight beat, token) pair per cycle::
 
     weight beat --> [w reg] --> M multipliers x buffer lane --> [products] --> adder tree
                     x/h buffer read (same cycle)                   (one register per level)
@@ -14,13 +19,13 @@ Datapath, one weight beat (M weights) per cycle::
                                            +--> requant x a --> [p] --> requant --> h buffer
 
 Control: a command is taken only when the core is idle; with ``load_x`` it first takes
-``ceil(cols/M)`` x beats, then the weight port is ready every cycle except while ``ffn_slice``
-waits for its last h value (:func:`golden.ndp.gate_drain`) and while a row-ending beat would
-have no output FIFO slot (slots are reserved when the beat is taken, so the pipeline itself never
-stalls). The LUT port is ready only between commands, so a table never changes under a command.
+``S * ceil(cols/M)`` x beats (token by token), then it issues one (beat, token) pair per cycle;
+the weight port is ready at the pair of token 0, except while ``ffn_slice`` waits for its last h
+value (:func:`golden.ndp.gate_drain`) and while a row-ending pair would have no output FIFO slot
+(slots are reserved when the pair issues, so the pipeline itself never stalls). The LUT port is ready only between commands, so a table never changes under a command.
 
-Misuse: a command with ``rows`` or ``cols`` of 0, ``cols`` > ``max_cols``, or an ``ffn_slice``
-with ``rows`` > ``max_inter`` is dropped (no output) and sets the sticky ``error`` output.
+Misuse: a command with ``rows``, ``cols`` or ``tokens`` of 0, ``cols`` > ``max_cols``, ``tokens``
+> ``max_tokens``, or an ``ffn_slice`` with ``rows`` > ``max_inter`` is dropped (no output) and sets the sticky ``error`` output.
 
 The contract, timing and figures: docs/blocks/ndp.md.
 """
@@ -28,7 +33,7 @@ The contract, timing and figures: docs/blocks/ndp.md.
 import dataclasses
 import math
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
@@ -40,7 +45,7 @@ from hw.params import ConfiguredComponent, int_param, validate
 from hw.pipeline import requant
 from hw.registry import Block, register
 
-__all__ = ["NdpConfig", "NdpCore", "command_layout", "SHIFT_BITS", "COUNT_BITS"]
+__all__ = ["NdpConfig", "NdpCore", "command_layout", "token_bits", "SHIFT_BITS", "COUNT_BITS"]
 
 SHIFT_BITS = 5          # requantization shifts 0..31
 COUNT_BITS = 16         # rows and cols fields of a command
@@ -65,6 +70,8 @@ class NdpConfig:
     out_depth : int
         Results that may be reserved for ``y`` at once (output slots; one row per cycle needs
         the result latency + 1). The output FIFO has ``out_depth + 1`` entries.
+    max_tokens : int
+        Tokens one command may name (S); the x and h buffers hold ``max_tokens`` vectors each.
     """
     mults: int = int_param(64, 1, 128, "M, multipliers (weights per beat)")
     w_width: int = int_param(8, 2, 16, "bits of a signed weight")
@@ -73,6 +80,7 @@ class NdpConfig:
     max_cols: int = int_param(1024, 1, 16384, "activation buffer, elements")
     max_inter: int = int_param(256, 1, 16384, "h buffer (intermediate slice), elements")
     out_depth: int = int_param(16, 2, 256, "results held for y (output slots)")
+    max_tokens: int = int_param(8, 1, 64, "tokens one command may name (S)")
 
     def __post_init__(self):
         validate(self)
@@ -86,16 +94,22 @@ class NdpConfig:
         return math.ceil(self.max_inter / self.mults)
 
 
-def command_layout():
-    """``op`` (0 gemv, 1 ffn_slice), ``load_x``, ``rows``, ``cols``, the three shifts.
+def token_bits(config):
+    """Bits of a command's ``tokens`` field: S in 1..max_tokens (0 is a misuse)."""
+    return bits_for(config.max_tokens)
 
-    gemv: ``rows`` x ``cols`` weights, ``cols`` activations, ``rows`` outputs.
+
+def command_layout(config):
+    """``op`` (0 gemv, 1 ffn_slice), ``load_x``, ``rows``, ``cols``, the three shifts, ``tokens``.
+
+    gemv: ``rows`` x ``cols`` weights, S x ``cols`` activations, ``rows`` x S outputs.
     ffn_slice: ``rows`` = I_s (this DIMM's intermediate rows), ``cols`` = D (hidden size):
-    2*I_s rows of D weights, then D rows of I_s weights; D outputs.
+    2*I_s rows of D weights, then D rows of I_s weights; D x S outputs.
     """
     return data.StructLayout({
         "op": 1, "load_x": 1, "rows": COUNT_BITS, "cols": COUNT_BITS,
-        "shift_g": SHIFT_BITS, "shift_u": SHIFT_BITS, "shift_h": SHIFT_BITS})
+        "shift_g": SHIFT_BITS, "shift_u": SHIFT_BITS, "shift_h": SHIFT_BITS,
+        "tokens": token_bits(config)})
 
 
 class NdpCore(ConfiguredComponent):
@@ -119,7 +133,7 @@ class NdpCore(ConfiguredComponent):
         cfg = config
         M = cfg.mults
         super().__init__(config, {
-            "cmd": In(stream.Signature(command_layout())),
+            "cmd": In(stream.Signature(command_layout(cfg))),
             "x": In(stream.Signature(data.StructLayout(
                 {"x": data.ArrayLayout(signed(cfg.x_width), M)}))),
             "w": In(stream.Signature(data.StructLayout(
@@ -134,14 +148,15 @@ class NdpCore(ConfiguredComponent):
 
     def elaborate(self, platform):
         cfg = self.config
-        M, xw = cfg.mults, cfg.x_width
+        M, xw, T = cfg.mults, cfg.x_width, cfg.max_tokens
         m = Module()
 
         # Buffers: one M-lane word per beat, so lane l of a weight beat meets lane l of x/h.
+        # Token t's vector starts at word t * x_words (t * h_words).
         m.submodules.x_buffer = x_buffer = Memory(
-            shape=unsigned(M * xw), depth=cfg.x_words, init=[])
+            shape=unsigned(M * xw), depth=T * cfg.x_words, init=[])
         m.submodules.h_buffer = h_buffer = Memory(
-            shape=unsigned(M * xw), depth=cfg.h_words, init=[])
+            shape=unsigned(M * xw), depth=T * cfg.h_words, init=[])
         m.submodules.lut_table = lut_table = Memory(shape=signed(xw), depth=1 << xw, init=[])
         x_write, x_read = x_buffer.write_port(), x_buffer.read_port()
         h_write, h_read = h_buffer.write_port(granularity=xw), h_buffer.read_port()
@@ -151,6 +166,7 @@ class NdpCore(ConfiguredComponent):
         op = Signal(1)
         rows = Signal(COUNT_BITS)
         cols = Signal(COUNT_BITS)
+        tokens = Signal(range(T + 1))
         shift_g, shift_u, shift_h = (Signal(SHIFT_BITS, name=n)
                                      for n in ("shift_g", "shift_u", "shift_h"))
 
@@ -162,11 +178,17 @@ class NdpCore(ConfiguredComponent):
         chunk = Signal(range(max(cfg.x_words, cfg.h_words, 1) + 1))
         left = Signal(COUNT_BITS)              # weights of the row from this chunk on
         use_h = Signal()                       # this phase reads the h buffer (Wd rows)
+        # The token of the next (beat, token) pair and its vectors' first words.
+        token = Signal(range(T))
+        x_base = Signal(range(T * cfg.x_words + 1))
+        h_base = Signal(range(T * cfg.h_words + 1))
+        last_token = Signal()
+        m.d.comb += last_token.eq(token == tokens - 1)
         x_count = Signal(range(cfg.x_words + 1))
         error = Signal()
         m.d.comb += self.error.eq(error)
 
-        # Output FIFO slots reserved by taken row-ending beats (results in flight or queued):
+        # Output FIFO slots reserved by issued row-ending pairs (results in flight or queued):
         # at most out_depth. The FIFO has one entry more: SyncFIFOBuffered refuses a write
         # while its inner memory (depth - 1 words) is full, even at the edge that moves a word
         # to its output register, so with exactly out_depth entries a reserved result could
@@ -186,16 +208,17 @@ class NdpCore(ConfiguredComponent):
         # Pipeline stage 1: weight register + buffer read data.
         meta_layout = data.StructLayout({
             "valid": 1, "first": 1, "row_end": 1, "kind": 2, "final": 1, "use_h": 1,
-            "lanes": lane_bits})
+            "lanes": lane_bits, "token": range(T), "last_token": 1})
         KIND_Y, KIND_G, KIND_U = 0, 1, 2
-        take = Signal()
+        issue = Signal()        # a (beat, token) pair enters the pipeline
+        take = Signal()         # ... and its beat is taken from the weight port (token 0)
         in_meta = Signal(meta_layout)
         w_reg = Signal(data.ArrayLayout(signed(cfg.w_width), M))
         meta1 = Signal(meta_layout)
-        m.d.sync += [meta1.eq(in_meta), meta1.valid.eq(take)]
+        m.d.sync += [meta1.eq(in_meta), meta1.valid.eq(issue)]
         with m.If(take):
             m.d.sync += w_reg.eq(self.w.payload.w)
-        m.d.comb += [x_read.addr.eq(chunk), h_read.addr.eq(chunk)]
+        m.d.comb += [x_read.addr.eq(x_base + chunk), h_read.addr.eq(h_base + chunk)]
         operand = Signal(M * xw)
         m.d.comb += operand.eq(Mux(meta1.use_h, h_read.data, x_read.data))
 
@@ -226,14 +249,14 @@ class NdpCore(ConfiguredComponent):
             metas.append(meta)
         tree_sum = level[0]
 
-        # Accumulator and row result.
-        acc = Signal(signed(cfg.acc_width))
+        # One accumulator per token and the row result.
+        accs = Array(Signal(signed(cfg.acc_width), name=f"acc{t}") for t in range(T))
         row_value = Signal(signed(cfg.acc_width))
         row_meta = Signal(meta_layout)
         total = Signal(signed(cfg.acc_width))
-        m.d.comb += total.eq(Mux(meta.first, tree_sum, acc + tree_sum))
+        m.d.comb += total.eq(Mux(meta.first, tree_sum, accs[meta.token] + tree_sum))
         with m.If(meta.valid):
-            m.d.sync += acc.eq(total)
+            m.d.sync += accs[meta.token].eq(total)
         m.d.sync += [row_value.eq(total), row_meta.eq(meta),
                      row_meta.valid.eq(meta.valid & meta.row_end)]
 
@@ -246,30 +269,37 @@ class NdpCore(ConfiguredComponent):
             out_fifo.r_en.eq(self.y.ready),
         ]
 
-        # Gate: a = LUT[requant(g)] at a Wg row, p = a * requant(u) at the next Wu row.
-        gate = Signal(signed(xw))
+        # Gate: a = LUT[requant(g)] at a Wg row (one per token), p = a * requant(u) at the next
+        # Wu row, written to token t's h vector.
+        gates = Array(Signal(signed(xw), name=f"gate{t}") for t in range(T))
         g_code = requant(m, row_value, shift_g, xw, "g_requant")
         u_code = requant(m, row_value, shift_u, xw, "u_requant")
         m.d.comb += lut_read.addr.eq(g_code.as_unsigned())
         with m.If(row_meta.valid & (row_meta.kind == KIND_G)):
-            m.d.sync += gate.eq(lut_read.data)
+            m.d.sync += gates[row_meta.token].eq(lut_read.data)
         p_reg = Signal(signed(2 * xw))
         p_valid = Signal()
-        m.d.sync += p_valid.eq(row_meta.valid & (row_meta.kind == KIND_U))
-        with m.If(row_meta.valid & (row_meta.kind == KIND_U)):
-            m.d.sync += p_reg.eq(gate * u_code)
+        p_last_token = Signal()
+        u_row = row_meta.valid & (row_meta.kind == KIND_U)
+        m.d.sync += [p_valid.eq(u_row), p_last_token.eq(row_meta.last_token)]
+        with m.If(u_row):
+            m.d.sync += p_reg.eq(gates[row_meta.token] * u_code)
         h_code = requant(m, p_reg, shift_h, xw, "h_requant")
         h_lane = Signal(range(M))
         h_word = Signal(range(cfg.h_words + 1))
-        m.d.comb += [h_write.addr.eq(h_word), h_write.data.eq(h_code.as_unsigned().replicate(M)),
+        h_write_base = Signal(range(T * cfg.h_words + 1))    # the token's first h word
+        m.d.comb += [h_write.addr.eq(h_write_base + h_word),
+                     h_write.data.eq(h_code.as_unsigned().replicate(M)),
                      h_write.en.eq(Mux(p_valid, (Const(1, M) << h_lane)[:M], 0))]
         with m.If(p_valid):
-            with m.If(h_lane == M - 1):
-                m.d.sync += [h_lane.eq(0), h_word.eq(h_word + 1)]
-            with m.Else():
-                m.d.sync += h_lane.eq(h_lane + 1)
+            m.d.sync += h_write_base.eq(Mux(p_last_token, 0, h_write_base + cfg.h_words))
+            with m.If(p_last_token):
+                with m.If(h_lane == M - 1):
+                    m.d.sync += [h_lane.eq(0), h_word.eq(h_word + 1)]
+                with m.Else():
+                    m.d.sync += h_lane.eq(h_lane + 1)
 
-        # Beats still on their way to the row register; the gate's product register is left
+        # Pairs still on their way to the row register; the gate's product register is left
         # out because the h write it makes lands before a read issued in the next cycle.
         before_gate = Signal()
         m.d.comb += before_gate.eq(Cat(*(x.valid for x in metas), row_meta.valid).any())
@@ -290,7 +320,7 @@ class NdpCore(ConfiguredComponent):
 
         def start_phase(n_rows, length, from_h):
             return [row.eq(0), row_count.eq(n_rows), row_length.eq(length), left.eq(length),
-                    chunk.eq(0), use_h.eq(from_h)]
+                    chunk.eq(0), use_h.eq(from_h), token.eq(0), x_base.eq(0), h_base.eq(0)]
 
         # busy: a command is running or a result is still on its way out.
         idle = Signal()
@@ -302,15 +332,17 @@ class NdpCore(ConfiguredComponent):
                              lut_write.en.eq(self.lut.valid)]
                 bad = Signal()
                 m.d.comb += bad.eq((cmd.rows == 0) | (cmd.cols == 0) | (cmd.cols > cfg.max_cols) |
+                                   (cmd.tokens == 0) | (cmd.tokens > T) |
                                    ((cmd.op == golden.OP_FFN_SLICE) & (cmd.rows > cfg.max_inter)))
                 with m.If(self.cmd.valid):
                     with m.If(bad):
                         m.d.sync += error.eq(1)
                     with m.Else():
                         m.d.sync += [op.eq(cmd.op), rows.eq(cmd.rows), cols.eq(cmd.cols),
+                                     tokens.eq(cmd.tokens),
                                      shift_g.eq(cmd.shift_g), shift_u.eq(cmd.shift_u),
                                      shift_h.eq(cmd.shift_h), x_count.eq(0),
-                                     h_lane.eq(0), h_word.eq(0)]
+                                     h_lane.eq(0), h_word.eq(0), h_write_base.eq(0)]
                         two_rows = cmd.rows << 1
                         m.d.sync += start_phase(
                             Mux(cmd.op == golden.OP_FFN_SLICE, two_rows, cmd.rows), cmd.cols, 0)
@@ -319,29 +351,45 @@ class NdpCore(ConfiguredComponent):
                         with m.Else():
                             m.next = "WEIGHTS"
             with m.State("LOAD_X"):
+                # Token by token, ceil(cols/M) beats each, into the token's words.
                 m.d.comb += [self.x.ready.eq(1),
-                             x_write.addr.eq(x_count), x_write.data.eq(self.x.payload.x.as_value()),
+                             x_write.addr.eq(x_base + x_count),
+                             x_write.data.eq(self.x.payload.x.as_value()),
                              x_write.en.eq(self.x.valid)]
                 with m.If(self.x.valid):
                     m.d.sync += x_count.eq(x_count + 1)
                     with m.If((x_count + 1) * M >= cols):
-                        m.next = "WEIGHTS"
+                        m.d.sync += [x_count.eq(0), token.eq(token + 1),
+                                     x_base.eq(x_base + cfg.x_words)]
+                        with m.If(last_token):
+                            m.d.sync += [token.eq(0), x_base.eq(0)]
+                            m.next = "WEIGHTS"
             with m.State("WEIGHTS"):
-                # Wg/Wu rows of ffn_slice produce no output; gemv and Wd rows need a slot.
+                # Wg/Wu rows of ffn_slice produce no output; gemv and Wd rows need a slot per
+                # token. A beat is taken at its token-0 pair and held for the other tokens.
                 gate_phase = ffn & ~use_h
                 needs_slot = row_end & ~gate_phase
+                slot_free = ~needs_slot | (reserved < cfg.out_depth)
+                first_token = token == 0
                 m.d.comb += [
-                    self.w.ready.eq(~needs_slot | (reserved < cfg.out_depth)),
+                    self.w.ready.eq(first_token & slot_free),
                     take.eq(self.w.valid & self.w.ready),
-                    reserve.eq(take & needs_slot),
+                    issue.eq(take | (~first_token & slot_free)),
+                    reserve.eq(issue & needs_slot),
                     in_meta.first.eq(chunk == 0),
                     in_meta.row_end.eq(row_end),
                     in_meta.kind.eq(Mux(gate_phase, Mux(row[0], KIND_U, KIND_G), KIND_Y)),
-                    in_meta.final.eq(row_end & last_row),
+                    in_meta.final.eq(row_end & last_row & last_token),
                     in_meta.use_h.eq(use_h),
                     in_meta.lanes.eq(lanes_now),
+                    in_meta.token.eq(token),
+                    in_meta.last_token.eq(last_token),
                 ]
-                with m.If(take):
+                with m.If(issue & ~last_token):
+                    m.d.sync += [token.eq(token + 1), x_base.eq(x_base + cfg.x_words),
+                                 h_base.eq(h_base + cfg.h_words)]
+                with m.If(issue & last_token):
+                    m.d.sync += [token.eq(0), x_base.eq(0), h_base.eq(0)]
                     with m.If(row_end):
                         m.d.sync += [row.eq(row + 1), chunk.eq(0), left.eq(row_length)]
                         with m.If(last_row):
@@ -357,7 +405,6 @@ class NdpCore(ConfiguredComponent):
                     m.d.sync += start_phase(cols, rows, 1)
                     m.next = "WEIGHTS"
         return m
-
 
 
 register(Block(

@@ -17,6 +17,7 @@ from cocotb.triggers import ClockCycles
 from golden import fixed
 from golden import ndp as golden
 from golden.dram import DDR4_3200AA, TABLE_I, Ddr4Stream
+from hw.ndp import token_bits
 from tb.harness import load_dut_config, make_rng, write_throughput
 from tb.streams import STALL_PROFILES, StreamBench, edge_now, reset_dut, start_after_reset, wait_for
 
@@ -57,19 +58,25 @@ class NdpBench(StreamBench):
         await wait_for(self.dut, lambda: self.sources["lut"].idle, 4 * len(table) + 100,
                        "LUT written")
 
-    def _command(self, op, rows, cols, x, shifts=(0, 0, 0), load_x=True):
-        """Queue a command; returns the x the core will use (the buffer's first ``cols``)."""
+    def _command(self, op, rows, cols, xs, shifts=(0, 0, 0), load_x=True):
+        """Queue a command naming ``len(xs)`` tokens; returns the x of each token the core will
+        use (the first ``cols`` elements of the token's buffer)."""
         self.sources["cmd"].send({"op": op, "load_x": int(load_x), "rows": rows, "cols": cols,
                                   "shift_g": shifts[0], "shift_u": shifts[1],
-                                  "shift_h": shifts[2]})
+                                  "shift_h": shifts[2], "tokens": len(xs)})
         if load_x:
-            beats = golden.vector_beats(x[:cols], self.cfg.mults, self._pad(self.cfg.x_width))
-            for index, beat in enumerate(beats):
-                self.sources["x"].send({"x": beat})
-                start = index * self.cfg.mults
-                self.x_buffer[start:start + len(beat)] = beat
-        assert len(self.x_buffer) >= cols, "bench error: reusing an x that was never loaded"
-        return self.x_buffer[:cols]
+            for token, x in enumerate(xs):
+                if token == len(self.x_buffer):
+                    self.x_buffer.append([])
+                beats = golden.vector_beats(x[:cols], self.cfg.mults, self._pad(self.cfg.x_width))
+                for index, beat in enumerate(beats):
+                    self.sources["x"].send({"x": beat})
+                    start = index * self.cfg.mults
+                    self.x_buffer[token][start:start + len(beat)] = beat
+        assert len(self.x_buffer) >= len(xs) and all(
+            len(self.x_buffer[t]) >= cols for t in range(len(xs))), \
+            "bench error: reusing an x that was never loaded"
+        return [self.x_buffer[t][:cols] for t in range(len(xs))]
 
     def _weights(self, beats, not_before=None):
         for index, beat in enumerate(beats):
@@ -78,23 +85,33 @@ class NdpBench(StreamBench):
     def _expect(self, values):
         self.expected += [(int(v), int(i == len(values) - 1)) for i, v in enumerate(values)]
 
-    def gemv(self, weights, x, load_x=True, not_before=None):
-        """Queue a gemv; ``x`` is what the buffer holds afterwards (sent when ``load_x``)."""
+    def gemv_tokens(self, weights, xs, load_x=True, not_before=None):
+        """Queue a gemv over the tokens ``xs`` (what the buffer holds afterwards, sent when
+        ``load_x``); results row by row, token by token."""
         rows, cols = weights.shape
-        x = self._command(golden.OP_GEMV, rows, cols, x, load_x=load_x)
+        xs = self._command(golden.OP_GEMV, rows, cols, xs, load_x=load_x)
         self._weights(golden.gemv_weight_beats(weights, self.cfg.mults,
                                                self._pad(self.cfg.w_width)), not_before)
-        self._expect(golden.gemv(weights, x, self.cfg.acc_width))
+        self._expect(golden.gemv_tokens(weights, xs, self.cfg.acc_width))
 
-    def ffn(self, wg, wu, wd, x, shifts, load_x=True, not_before=None):
-        """Queue an ffn_slice (rows of Wg/Wu, columns of Wd); returns the expected partial y."""
-        x = self._command(golden.OP_FFN_SLICE, wg.shape[0], wg.shape[1], x, shifts, load_x)
+    def gemv(self, weights, x, load_x=True, not_before=None):
+        """Queue a one-token gemv."""
+        self.gemv_tokens(weights, [x], load_x, not_before)
+
+    def ffn_tokens(self, wg, wu, wd, xs, shifts, load_x=True, not_before=None):
+        """Queue an ffn_slice (rows of Wg/Wu, columns of Wd) over the tokens ``xs``; returns
+        the expected partial y of each token."""
+        xs = self._command(golden.OP_FFN_SLICE, wg.shape[0], wg.shape[1], xs, shifts, load_x)
         self._weights(golden.ffn_weight_beats(wg, wu, wd, self.cfg.mults,
                                               self._pad(self.cfg.w_width)), not_before)
-        partial, _ = golden.ffn_slice(wg, wu, wd, x, self.table, shifts,
-                                      self.cfg.x_width, self.cfg.acc_width)
-        self._expect(partial)
-        return partial
+        partials = [golden.ffn_slice(wg, wu, wd, x, self.table, shifts,
+                                     self.cfg.x_width, self.cfg.acc_width)[0] for x in xs]
+        self._expect(golden.interleave_tokens(partials))
+        return partials
+
+    def ffn(self, wg, wu, wd, x, shifts, load_x=True, not_before=None):
+        """Queue a one-token ffn_slice; returns the expected partial y."""
+        return self.ffn_tokens(wg, wu, wd, [x], shifts, load_x, not_before)[0]
 
     # --- checks ----------------------------------------------------------------------------
     async def drain(self, budget=None):
@@ -152,7 +169,7 @@ async def test_gemv_shapes(dut, gap, stall):
     await start_after_reset(dut, bench)
     for index, (rows, cols) in enumerate(_shapes(bench)):
         # Every third command reuses the buffer, pad lanes of the last load included.
-        reload = index % 3 != 1 or cols > len(bench.x_buffer)
+        reload = index % 3 != 1 or not bench.x_buffer or cols > len(bench.x_buffer[0])
         bench.gemv(bench.weights(rows, cols), bench.vector(cols), load_x=reload)
     await bench.drain()
     bench.check()
@@ -242,6 +259,15 @@ def _dram_times(cfg, beats, origin):
     return stream, [origin + r - 1 for r in ready]
 
 
+def _ddr4_edges(bench, command, not_before):
+    """The edges the cycle model gives the weight beats of ``command`` (the last one sent)
+    when beat j cannot be taken before ``not_before[j] + 1``."""
+    start = bench.sources["cmd"].sent_edges[-1]
+    ready = [edge + 1 - start for edge in not_before]
+    edges = golden.timeline([command], bench.cfg.out_depth, bench.cfg.mults, ready)[1]
+    return [start + edge for edge in edges]
+
+
 @cocotb.test()
 async def test_ddr4_fed_weights(dut):
     """Weights arrive as the DDR4-3200 model delivers them (and the output stalls): results
@@ -259,6 +285,34 @@ async def test_ddr4_fed_weights(dut):
     await bench.drain()
     taken = bench.sources["w"].sent_edges
     assert all(t >= nb + 1 for t, nb in zip(taken, not_before)), "beat taken before it arrived"
+    bench.check()
+
+
+@cocotb.test()
+@cocotb.parametrize((("gap", "stall"), [(0.0, 0.0), (0.4, 0.6)]))
+async def test_multi_token(dut, gap, stall):
+    """Commands naming 1, 2, max_tokens and a random number of tokens: gemv rows around
+    multiples of M, ffn_slices, x reused by commands naming fewer tokens (each token's buffer as
+    it stands, pad lanes included); results row by row, token by token, every one checked."""
+    bench = _setup(dut, f"tokens{gap}{stall}", gap=gap, stall=stall)
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    await bench.write_lut(_silu_table(cfg))
+    M, T = cfg.mults, cfg.max_tokens
+    counts = sorted({1, min(2, T), T, bench.rng.randint(1, T)})
+    for tokens in counts:
+        cols = bench.rng.choice(sorted({1, min(M + 1, cfg.max_cols), cfg.max_cols}))
+        rows = bench.rng.choice([1, 3, M + 1])
+        bench.gemv_tokens(bench.weights(rows, cols), [bench.vector(cols) for _ in range(tokens)])
+        reuse = bench.rng.randint(1, tokens)
+        bench.gemv_tokens(bench.weights(2, cols), [None] * reuse, load_x=False)
+    inter, hidden = min(cfg.max_inter, M + 1), min(cfg.max_cols, 2 * M - 1)
+    for tokens in (T, bench.rng.randint(1, T)):
+        xs = [bench.vector(hidden) for _ in range(tokens)]
+        bench.ffn_tokens(*_ffn_weights(bench, inter, hidden), xs, _shifts(bench, hidden))
+    bench.ffn_tokens(*_ffn_weights(bench, 1, hidden), [None] * min(2, T), _shifts(bench, hidden),
+                     load_x=False)
+    await bench.drain()
     bench.check()
 
 
@@ -285,19 +339,23 @@ async def test_reset_mid_command(dut):
 
 @cocotb.test()
 async def test_bad_commands_set_sticky_error(dut):
-    """Zero sizes, cols > max_cols and ffn rows > max_inter are dropped with a sticky error; the
-    core keeps working."""
+    """Zero sizes, cols > max_cols, ffn rows > max_inter, 0 tokens and (where the field can
+    hold it) more than max_tokens are dropped with a sticky error; the core keeps working."""
     bench = _setup(dut, "bad")
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    bad = [(golden.OP_GEMV, 0, 4), (golden.OP_GEMV, 4, 0), (golden.OP_GEMV, 1, cfg.max_cols + 1),
-           (golden.OP_FFN_SLICE, cfg.max_inter + 1, 4), (golden.OP_FFN_SLICE, 0, 4)]
-    for op, rows, cols in bad:
+    bad = [(golden.OP_GEMV, 0, 4, 1), (golden.OP_GEMV, 4, 0, 1),
+           (golden.OP_GEMV, 1, cfg.max_cols + 1, 1),
+           (golden.OP_FFN_SLICE, cfg.max_inter + 1, 4, 1), (golden.OP_FFN_SLICE, 0, 4, 1),
+           (golden.OP_GEMV, 1, 1, 0), (golden.OP_FFN_SLICE, 1, 1, 0)]
+    if cfg.max_tokens + 1 < 1 << token_bits(cfg):
+        bad.append((golden.OP_GEMV, 1, 1, cfg.max_tokens + 1))
+    for op, rows, cols, tokens in bad:
         bench.sources["cmd"].send({"op": op, "load_x": 1, "rows": rows, "cols": cols,
-                                   "shift_g": 0, "shift_u": 0, "shift_h": 0})
+                                   "shift_g": 0, "shift_u": 0, "shift_h": 0, "tokens": tokens})
         await wait_for(dut, lambda: bench.sources["cmd"].idle, 50, "bad command taken")
         await ClockCycles(dut.clk, 3)
-        assert dut.error.value == 1, f"no error for op={op} rows={rows} cols={cols}"
+        assert dut.error.value == 1, f"no error for op={op} rows={rows} cols={cols} S={tokens}"
         assert not dut.busy.value and not dut.x__ready.value, "a bad command started"
     bench.gemv(bench.weights(2, 3), bench.vector(3))
     await bench.drain()
@@ -314,23 +372,29 @@ async def test_cycle_exact(dut):
     cfg = bench.cfg
     await bench.write_lut(_silu_table(cfg))
     hidden = min(cfg.max_cols, 2 * cfg.mults + 1)
-    plan = [(golden.OP_GEMV, 5, hidden, True), (golden.OP_GEMV, 3, hidden, False),
-            (golden.OP_FFN_SLICE, min(cfg.max_inter, 2 * cfg.mults + 1), hidden, True),
-            (golden.OP_FFN_SLICE, 1, hidden, False),
-            (golden.OP_GEMV, 2 * cfg.out_depth + 1, 1, True)]
-    for op, rows, cols, load_x in plan:
+    S = cfg.max_tokens
+    plan = [(golden.OP_GEMV, 5, hidden, True, 1), (golden.OP_GEMV, 3, hidden, False, 1),
+            (golden.OP_FFN_SLICE, min(cfg.max_inter, 2 * cfg.mults + 1), hidden, True, 1),
+            (golden.OP_FFN_SLICE, 1, hidden, False, 1),
+            (golden.OP_GEMV, 2 * cfg.out_depth + 1, 1, True, 1),
+            # Multi-token: every token's pair of a one-beat row wants an output slot.
+            (golden.OP_GEMV, cfg.out_depth + 2, 1, True, S),
+            (golden.OP_FFN_SLICE, min(cfg.max_inter, cfg.mults + 1), hidden, True, S),
+            (golden.OP_GEMV, 3, hidden, False, max(1, S // 2))]
+    for op, rows, cols, load_x, tokens in plan:
+        xs = [bench.vector(cols) for _ in range(tokens)]
         if op == golden.OP_GEMV:
-            bench.gemv(bench.weights(rows, cols), bench.vector(cols), load_x=load_x)
+            bench.gemv_tokens(bench.weights(rows, cols), xs, load_x=load_x)
         else:
-            bench.ffn(*_ffn_weights(bench, rows, cols), bench.vector(cols),
-                      _shifts(bench, cols), load_x=load_x)
+            bench.ffn_tokens(*_ffn_weights(bench, rows, cols), xs, _shifts(bench, cols),
+                             load_x=load_x)
     await bench.drain()
     bench.check()
     origin = bench.sources["cmd"].sent_edges[0]
     have = ([e - origin for e in bench.sources["cmd"].sent_edges],
             [e - origin for e in bench.sources["w"].sent_edges],
             [e - origin for e, _ in bench.y.received])
-    want = golden.timeline([p[:4] for p in plan], cfg.out_depth, cfg.mults)
+    want = golden.timeline(plan, cfg.out_depth, cfg.mults)
     for name, got, expected in zip(("command", "weight beat", "result"), have, want):
         assert len(got) == len(expected), f"{len(got)} {name} transfers, expected {len(expected)}"
         for index, (g, e) in enumerate(zip(got, expected)):
@@ -351,14 +415,16 @@ async def test_throughput(dut):
     rows, cols = 4 * M, cfg.max_cols
     metrics, wall = {}, time.perf_counter()
 
-    async def run(op, rows, cols, queue):
+    async def run(op, rows, cols, queue, tokens=1):
         """Queue one command with ``queue()``; its cycles (command edge to the edge after its
-        last weight beat) and useful MACs."""
+        last (beat, token) pair, with no output stall: the last beat's edge + S) and useful
+        MACs."""
         queue()
         await bench.drain()
         bench.check()
-        cycles = bench.sources["w"].sent_edges[-1] - bench.sources["cmd"].sent_edges[-1] + 1
-        return cycles, golden.useful_macs(op, rows, cols)
+        cycles = (bench.sources["w"].sent_edges[-1] - bench.sources["cmd"].sent_edges[-1] +
+                  tokens)
+        return cycles, golden.useful_macs(op, rows, cols, tokens)
 
     weights = bench.weights(rows, cols)
     x = bench.vector(cols)
@@ -374,13 +440,31 @@ async def test_throughput(dut):
     beats = golden.weight_beats(golden.OP_GEMV, rows, cols, M)
     stream, not_before = _dram_times(cfg, beats, origin)
     await run(golden.OP_GEMV, rows, cols, lambda: bench.gemv(weights, x, not_before=not_before))
-    edge = bench.sources["cmd"].sent_edges[-1] + math.ceil(cols / M)     # last x beat
-    expected = []
-    for arrival in not_before:
-        edge = max(edge + 1, arrival + 1)
-        expected.append(edge)
+    expected = _ddr4_edges(bench, (golden.OP_GEMV, rows, cols, True, 1), not_before)
     assert bench.sources["w"].sent_edges[-beats:] == expected, "DDR4-fed beats not at arrival"
     metrics["gemv_mac_util_ddr4"] = round(macs / (M * (expected[-1] - origin + 1)), 3)
+
+    # Multi-token commands (S tokens share each weight beat): ideal and DDR4-fed MAC
+    # utilization, from bandwidth-bound at S = 1 towards compute-bound.
+    for tokens in (8, 64):
+        if tokens > cfg.max_tokens:
+            continue
+        xs = [bench.vector(cols) for _ in range(tokens)]
+        cycles, macs = await run(golden.OP_GEMV, rows, cols,
+                                 lambda: bench.gemv_tokens(weights, xs), tokens)
+        want = golden.command_cycles(golden.OP_GEMV, rows, cols, True, M, cfg.out_depth, tokens)
+        assert cycles == want, f"ideal gemv of {tokens} tokens: {cycles} cycles, expected {want}"
+        metrics[f"s{tokens}_gemv_mac_util_ideal"] = round(macs / (M * cycles), 3)
+        origin = edge_now() + 1
+        _, not_before = _dram_times(cfg, beats, origin)
+        await run(golden.OP_GEMV, rows, cols,
+                              lambda: bench.gemv_tokens(weights, xs, not_before=not_before),
+                              tokens)
+        expected = _ddr4_edges(bench, (golden.OP_GEMV, rows, cols, True, tokens), not_before)
+        assert bench.sources["w"].sent_edges[-beats:] == expected, \
+            f"DDR4-fed beats of {tokens} tokens not at the cycle model's edges"
+        metrics[f"s{tokens}_gemv_mac_util_ddr4"] = round(
+            macs / (M * (expected[-1] + tokens - origin)), 3)
 
     # make demo's 4-DIMM tensor-parallel expert: Qwen3-30B-A3B (hidden 2048, intermediate 768)
     # scaled down to the buffers; the four slices run in turn, the host sums their outputs.

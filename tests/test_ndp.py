@@ -12,24 +12,28 @@ from hw.ndp import NdpConfig
 from hw.params import ParamError
 from flows import ndp_schedule
 
-COCOTB_TESTS = 13
+COCOTB_TESTS = 15
 
 SIM_CONFIGS = [
-    # 8 multipliers, power-of-two sizes, rows of several beats.
-    {"mults": 8, "max_cols": 64, "max_inter": 32},
+    # 8 multipliers, power-of-two sizes, rows of several beats, the most tokens a command may
+    # name (64: the S = 64 figures are measured here).
+    {"mults": 8, "max_cols": 64, "max_inter": 32, "max_tokens": 64},
     # Odd M, narrow operands, a 16-bit accumulator that wraps, the fewest output slots (2:
     # slot-limited single-beat rows, results on consecutive edges), buffers that are not
     # multiples of M.
     {"mults": 5, "w_width": 4, "x_width": 6, "acc_width": 16, "max_cols": 23, "max_inter": 11,
-     "out_depth": 2},
-    # Table I's 64 multipliers with int8 operands (the make demo configuration).
+     "out_depth": 2, "max_tokens": 3},
+    # Table I's 64 multipliers with int8 operands (the make demo configuration, 8 tokens).
     {"max_cols": 256, "max_inter": 128},
 ]
 
 # Buffers for full-size Table II slices: test_throughput then runs Qwen3-30B-A3B's (2048 x 192)
 # and DeepSeek-MoE's (2048 x 352) 4-DIMM slices unscaled.
 # Plus the defaults (1024 / 256).
-SWEEP_CONFIGS = [{}, {"max_cols": 2048, "max_inter": 384}]
+# Plus Table I's core with 64 tokens (S = 64 at M = 64) and the one-token core (max_tokens = 1).
+SWEEP_CONFIGS = [{}, {"max_cols": 2048, "max_inter": 384},
+                 {"max_cols": 256, "max_inter": 128, "max_tokens": 64},
+                 {"mults": 8, "max_cols": 64, "max_inter": 32, "max_tokens": 1}]
 
 
 @pytest.mark.sweep
@@ -98,6 +102,23 @@ def test_cycle_model_by_hand():
     # M=5: latency 8; 4 slots: 4 single-beat rows, then the first slot frees at edge 1+8+1.
     _, beats, results = golden.timeline([(golden.OP_GEMV, 6, 1, False)], 4, 5)
     assert beats == [1, 2, 3, 4, 10, 11] and results == [9, 10, 11, 12, 18, 19]
+
+
+def test_multi_token_cycle_model_by_hand():
+    # gemv 5x17 on M=8, S=4: 1 command edge + 4*3 x beats + 15 beats held 4 edges each.
+    assert golden.command_cycles(golden.OP_GEMV, 5, 17, True, 8, 16, 4) == 1 + 12 + 60
+    # ffn_slice I_s=3, D=17, S=2, no x: 18 gate beats x 2, drain 7, 17 Wd rows x 2.
+    assert golden.command_cycles(golden.OP_FFN_SLICE, 3, 17, False, 8, 16, 2) == 1 + 36 + 7 + 34
+    # A beat is taken at its token-0 pair: one-beat rows of 3 tokens, 4 slots (latency 8):
+    # pairs at 1, 2, 3 | 4, then the slot of pair 1 frees at edge 10.
+    _, beats, results = golden.timeline([(golden.OP_GEMV, 2, 1, False, 3)], 4, 5)
+    assert beats == [1, 4] and results == [9, 10, 11, 12, 18, 19]
+    # A DRAM that delivers late: the beat waits, the held pairs follow it.
+    _, beats, _ = golden.timeline([(golden.OP_GEMV, 2, 16, False, 2)], 16, 8, [0, 20, 21, 22])
+    assert beats == [1, 20, 22, 24]
+    # Results row by row, token by token.
+    assert golden.interleave_tokens([[1, 2, 3], [4, 5, 6]]) == [1, 4, 2, 5, 3, 6]
+    assert golden.useful_macs(golden.OP_FFN_SLICE, 3, 5, 4) == 3 * 5 * 3 * 4
 
 
 @pytest.mark.parametrize("total_bytes", [64, 4096, 300 * 1024, 1 << 20])
