@@ -46,7 +46,8 @@ __all__ = ["requant", "gemv", "ffn_slice", "ffn_expert", "split_sizes", "split_e
            "activation_lut", "gemv_weight_beats", "ffn_weight_beats", "vector_beats",
            "tree_levels", "gate_drain", "result_latency", "command_cycles", "weight_beats",
            "useful_macs", "timeline", "interleave_tokens", "gemv_tokens", "ffn_slice_tokens",
-           "OP_GEMV", "OP_FFN_SLICE"]
+           "system_expert_tokens", "system_weight_beats", "system_timeline", "OP_GEMV",
+           "OP_FFN_SLICE"]
 
 OP_GEMV, OP_FFN_SLICE = 0, 1
 
@@ -288,6 +289,101 @@ def command_cycles(op, rows, cols, load_x, mults, out_depth, tokens=1):
     # The edge the next command would be taken (a one-beat gemv after it, as a probe).
     commands = [(op, rows, cols, load_x, tokens), (OP_GEMV, 1, 1, False, 1)]
     return timeline(commands, out_depth, mults)[0][1]
+
+
+# --- ndp_system: N cores, one expert tensor-parallel, partial sums reduced --------------------
+
+def system_expert_tokens(wg, wu, wd, xs, lut, shifts, x_width, acc_width):
+    """What ``ndp_system`` returns: the unsplit expert FFN of every token (the sum of the N
+    slices' partials wraps to exactly this), row by row, token by token."""
+    return interleave_tokens([ffn_expert(wg, wu, wd, x, lut, shifts, x_width, acc_width)
+                              for x in xs])
+
+
+def system_weight_beats(wg, wu, wd, dimms, mults, pad=lambda: 0):
+    """Per DIMM, the weight beats of its slice (:func:`split_expert`) in ffn_slice order."""
+    return [ffn_weight_beats(g, u, d, mults, pad) for g, u, d in split_expert(wg, wu, wd, dimms)]
+
+
+def _slice_pairs(rows, cols, tokens, mults):
+    """(gap, is_output, is_beat, phase) per (beat, token) pair of one DIMM's ffn_slice: ``gap``
+    is the least distance in edges from the previous pair (0 for the first: it follows the x
+    load; 1 + gate_drain for the first Wd pair)."""
+    pairs = []
+    phases = [(2 * rows, math.ceil(cols / mults), False), (cols, math.ceil(rows / mults), True)]
+    for index, (n_rows, row_beats, output) in enumerate(phases):
+        for _ in range(n_rows):
+            for beat in range(row_beats):
+                for token in range(tokens):
+                    gap = 1 if pairs else 0
+                    if index and pairs[-1][3] == 0:
+                        gap = 1 + gate_drain(mults)
+                    pairs.append((gap, output and beat == row_beats - 1, token == 0, index))
+    return pairs
+
+
+def system_timeline(commands, dimms, out_depth, mults):
+    """Transfer edges of back-to-back ``ndp_system`` commands when every command, x beat and
+    weight beat is waiting and ``y`` is always ready; edge 0 takes the first command.
+
+    Parameters
+    ----------
+    commands : sequence of (rows, cols, load_x, tokens)
+        ``rows`` = I, the whole expert's intermediate rows; DIMM d runs
+        ``split_sizes(I, dimms)[d]`` of them.
+
+    Returns
+    -------
+    (list, list of list, list)
+        Command edges; per DIMM, the edges of its weight beats; the edges of the results.
+
+    Notes
+    -----
+    Every DIMM runs its slice as :func:`timeline` says, with one coupling: its output slots are
+    released when the reduction takes a result, at the edge J(k) = max over DIMMs of (their
+    result k's edge t_d(k) + :func:`result_latency`), and at least J(k-1) + 1; a row-ending
+    pair of DIMM d issues at edge c only while fewer than ``out_depth`` of its earlier output
+    pairs have t_d(k) < c <= J(k). The reduction's register adds one edge: result k leaves at
+    J(k) + 1. All DIMMs take a command at the same edge, the edge after the last pair of the
+    slowest DIMM (each DIMM's first pair follows the x load: command edge + 1 + S*ceil(D/M)).
+    """
+    latency = result_latency(mults)
+    outputs = [[] for _ in range(dimms)]       # per DIMM, its output pairs' edges
+    joins, command_edges, beat_edges = [], [], [[] for _ in range(dimms)]
+    cycle = 0
+    for rows, cols, load_x, tokens in commands:
+        command_edges.append(cycle)
+        sequences = [_slice_pairs(size, cols, tokens, mults)
+                     for size in split_sizes(rows, dimms)]
+        start = cycle + 1 + (tokens * math.ceil(cols / mults) if load_x else 0)
+        position = [0] * dimms
+        earliest = [start] * dimms
+        last = [start] * dimms
+        now = start
+        while any(position[d] < len(sequences[d]) for d in range(dimms)):
+            for d in range(dimms):
+                if position[d] == len(sequences[d]) or now < earliest[d]:
+                    continue
+                _, output, beat, _ = sequences[d][position[d]]
+                if output:
+                    held = sum(1 for k, t in enumerate(outputs[d])
+                               if t < now and (k >= len(joins) or now <= joins[k]))
+                    if held >= out_depth:
+                        continue
+                    outputs[d].append(now)
+                if beat:
+                    beat_edges[d].append(now)
+                last[d] = now
+                position[d] += 1
+                if position[d] < len(sequences[d]):
+                    earliest[d] = now + sequences[d][position[d]][0]
+            while all(len(o) > len(joins) for o in outputs):
+                k = len(joins)
+                join = max(o[k] for o in outputs) + latency
+                joins.append(max(join, joins[-1] + 1) if joins else join)
+            now += 1
+        cycle = max(last) + 1
+    return command_edges, beat_edges, [j + 1 for j in joins]
 
 
 # Table II of seed 002: the four MoE models the schedule model and the tests scale from.

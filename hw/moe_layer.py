@@ -31,7 +31,8 @@ from amaranth.utils import ceil_log2
 
 from golden import moe_layer as golden
 from golden import router as golden_router
-from hw.params import ConfiguredComponent, TieredComponent, int_param, param_error, validate
+from hw.params import (ConfiguredComponent, TieredComponent, int_param, like_param,
+                       param_error, validate)
 from hw.pipeline import requant, select
 from hw.registry import Block, register
 from hw.nop import NopConfig, NopTree, down_layout, up_layout
@@ -318,14 +319,6 @@ register(Block(
 # expert_chiplet: a leaf of the layer's NoP tree.
 # --------------------------------------------------------------------------------------------
 
-def _like(config_cls, name, default=None):
-    """A parameter declared as ``config_cls`` declares it (range and help written once),
-    optionally with another default."""
-    field = config_cls.__dataclass_fields__[name]
-    return dataclasses.field(default=field.default if default is None else default,
-                             metadata=field.metadata)
-
-
 @dataclasses.dataclass(frozen=True)
 class ExpertChipletConfig(PacketShape):
     """Parameters of ``expert_chiplet`` (one leaf of the layer; contract in
@@ -365,13 +358,13 @@ class ExpertChipletConfig(PacketShape):
         Banks of ``batch`` token slots (1..3), used in turn: while one bank's batch is
         computed, the next bank collects and a finished one returns its tokens.
     """
-    experts: int = _like(MoEGateConfig, "experts")
-    k: int = _like(MoEGateConfig, "k")
-    leaves: int = _like(MoEGateConfig, "leaves")
-    token_width: int = _like(MoEGateConfig, "token_width")
-    lanes: int = _like(MoEGateConfig, "lanes")
-    data_width: int = _like(MoEGateConfig, "data_width")
-    gate_width: int = _like(MoEGateConfig, "gate_width")
+    experts: int = like_param(MoEGateConfig, "experts")
+    k: int = like_param(MoEGateConfig, "k")
+    leaves: int = like_param(MoEGateConfig, "leaves")
+    token_width: int = like_param(MoEGateConfig, "token_width")
+    lanes: int = like_param(MoEGateConfig, "lanes")
+    data_width: int = like_param(MoEGateConfig, "data_width")
+    gate_width: int = like_param(MoEGateConfig, "gate_width")
     combine_width: int = int_param(24, 2, 48, "bits of a return lane")
     slots: int = int_param(2, 1, 8, "S, experts held")
     d_model: int = int_param(8, 1, 64, "D, elements of a token")
@@ -975,42 +968,42 @@ class MoELayerConfig(PacketShape):
     gate_shift, combine_width, rows, cols, arrays, batch, batch_wait, queue_tokens,
     token_banks.
     """
-    experts: int = _like(MoEGateConfig, "experts")
-    k: int = _like(MoEGateConfig, "k")
-    groups: int = _like(MoEGateConfig, "groups")
-    topk_groups: int = _like(MoEGateConfig, "topk_groups")
-    shared: int = _like(MoEGateConfig, "shared")
-    shared_leaf: int = _like(MoEGateConfig, "shared_leaf")
-    fanouts: tuple = _like(NopConfig, "fanouts", (2, 2))
+    experts: int = like_param(MoEGateConfig, "experts")
+    k: int = like_param(MoEGateConfig, "k")
+    groups: int = like_param(MoEGateConfig, "groups")
+    topk_groups: int = like_param(MoEGateConfig, "topk_groups")
+    shared: int = like_param(MoEGateConfig, "shared")
+    shared_leaf: int = like_param(MoEGateConfig, "shared_leaf")
+    fanouts: tuple = like_param(NopConfig, "fanouts", (2, 2))
     # 32 slots per switch: fewer (16) held the root back while the chiplets batch (1038
     # cycles for the 64-token bench batch against 649 with 32, and 649 with 64).
-    max_inflight: int = _like(NopConfig, "max_inflight", 32)
-    slots: int = _like(ExpertChipletConfig, "slots")
-    token_width: int = _like(MoEGateConfig, "token_width")
-    d_model: int = _like(ExpertChipletConfig, "d_model")
-    d_ff: int = _like(ExpertChipletConfig, "d_ff")
-    lanes: int = _like(MoEGateConfig, "lanes")
-    in_width: int = _like(ExpertChipletConfig, "in_width")
-    w_width: int = _like(MoEGateConfig, "w_width")
+    max_inflight: int = like_param(NopConfig, "max_inflight", 32)
+    slots: int = like_param(ExpertChipletConfig, "slots")
+    token_width: int = like_param(MoEGateConfig, "token_width")
+    d_model: int = like_param(ExpertChipletConfig, "d_model")
+    d_ff: int = like_param(ExpertChipletConfig, "d_ff")
+    lanes: int = like_param(MoEGateConfig, "lanes")
+    in_width: int = like_param(ExpertChipletConfig, "in_width")
+    w_width: int = like_param(MoEGateConfig, "w_width")
     score_acc_width: int = dataclasses.field(
         default=32, metadata={**MoEGateConfig.__dataclass_fields__["acc_width"].metadata})
-    score_shift: int = _like(MoEGateConfig, "score_shift")
-    score_width: int = _like(MoEGateConfig, "score_width")
-    gate_width: int = _like(MoEGateConfig, "gate_width")
-    data_width: int = _like(MoEGateConfig, "data_width")
-    acc_width: int = _like(ExpertChipletConfig, "acc_width")
-    shift_g: int = _like(ExpertChipletConfig, "shift_g")
-    shift_u: int = _like(ExpertChipletConfig, "shift_u")
-    shift_h: int = _like(ExpertChipletConfig, "shift_h")
-    gate_shift: int = _like(ExpertChipletConfig, "gate_shift")
-    combine_width: int = _like(ExpertChipletConfig, "combine_width")
-    rows: int = _like(ExpertChipletConfig, "rows")
-    cols: int = _like(ExpertChipletConfig, "cols")
-    arrays: int = _like(ExpertChipletConfig, "arrays")
-    batch: int = _like(ExpertChipletConfig, "batch")
-    batch_wait: int = _like(ExpertChipletConfig, "batch_wait")
-    queue_tokens: int = _like(ExpertChipletConfig, "queue_tokens")
-    token_banks: int = _like(ExpertChipletConfig, "token_banks")
+    score_shift: int = like_param(MoEGateConfig, "score_shift")
+    score_width: int = like_param(MoEGateConfig, "score_width")
+    gate_width: int = like_param(MoEGateConfig, "gate_width")
+    data_width: int = like_param(MoEGateConfig, "data_width")
+    acc_width: int = like_param(ExpertChipletConfig, "acc_width")
+    shift_g: int = like_param(ExpertChipletConfig, "shift_g")
+    shift_u: int = like_param(ExpertChipletConfig, "shift_u")
+    shift_h: int = like_param(ExpertChipletConfig, "shift_h")
+    gate_shift: int = like_param(ExpertChipletConfig, "gate_shift")
+    combine_width: int = like_param(ExpertChipletConfig, "combine_width")
+    rows: int = like_param(ExpertChipletConfig, "rows")
+    cols: int = like_param(ExpertChipletConfig, "cols")
+    arrays: int = like_param(ExpertChipletConfig, "arrays")
+    batch: int = like_param(ExpertChipletConfig, "batch")
+    batch_wait: int = like_param(ExpertChipletConfig, "batch_wait")
+    queue_tokens: int = like_param(ExpertChipletConfig, "queue_tokens")
+    token_banks: int = like_param(ExpertChipletConfig, "token_banks")
 
     def __post_init__(self):
         validate(self)

@@ -22,10 +22,12 @@ Control: a command is taken only when the core is idle; with ``load_x`` it first
 ``S * ceil(cols/M)`` x beats (token by token), then it issues one (beat, token) pair per cycle;
 the weight port is ready at the pair of token 0, except while ``ffn_slice`` waits for its last h
 value (:func:`golden.ndp.gate_drain`) and while a row-ending pair would have no output FIFO slot
-(slots are reserved when the pair issues, so the pipeline itself never stalls). The LUT port is ready only between commands, so a table never changes under a command.
+(slots are reserved when the pair issues, so the pipeline itself never stalls). The LUT port is
+ready only between commands, so a table never changes under a command.
 
 Misuse: a command with ``rows``, ``cols`` or ``tokens`` of 0, ``cols`` > ``max_cols``, ``tokens``
-> ``max_tokens``, or an ``ffn_slice`` with ``rows`` > ``max_inter`` is dropped (no output) and sets the sticky ``error`` output.
+> ``max_tokens``, or an ``ffn_slice`` with ``rows`` > ``max_inter`` is dropped (no output) and
+sets the sticky ``error`` output.
 
 The contract, timing and figures: docs/blocks/ndp.md.
 """
@@ -37,15 +39,17 @@ from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigne
 from amaranth.lib import data, stream
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
+from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
 from golden import ndp as golden
-from hw.params import ConfiguredComponent, int_param, validate
+from hw.params import ConfiguredComponent, int_param, like_param, param_error, validate
 from hw.pipeline import requant
 from hw.registry import Block, register
 
-__all__ = ["NdpConfig", "NdpCore", "command_layout", "token_bits", "SHIFT_BITS", "COUNT_BITS"]
+__all__ = ["NdpConfig", "NdpCore", "command_layout", "token_bits", "SHIFT_BITS", "COUNT_BITS",
+           "NdpSystemConfig", "NdpSystem", "system_command_layout"]
 
 SHIFT_BITS = 5          # requantization shifts 0..31
 COUNT_BITS = 16         # rows and cols fields of a command
@@ -112,6 +116,21 @@ def command_layout(config):
         "tokens": token_bits(config)})
 
 
+def stream_signatures(config):
+    """The ``x``, ``w``, ``lut`` and ``y`` members of a core (``ndp_system`` has the same)."""
+    M = config.mults
+    return {
+        "x": In(stream.Signature(data.StructLayout(
+            {"x": data.ArrayLayout(signed(config.x_width), M)}))),
+        "w": In(stream.Signature(data.StructLayout(
+            {"w": data.ArrayLayout(signed(config.w_width), M)}))),
+        "lut": In(stream.Signature(data.StructLayout(
+            {"index": unsigned(config.x_width), "value": signed(config.x_width)}))),
+        "y": Out(stream.Signature(data.StructLayout(
+            {"data": signed(config.acc_width), "last": 1}))),
+    }
+
+
 class NdpCore(ConfiguredComponent):
     """``ndp_core``: command, x, weight and LUT streams in; the result stream ``y`` out.
 
@@ -130,18 +149,9 @@ class NdpCore(ConfiguredComponent):
     """
 
     def __init__(self, config):
-        cfg = config
-        M = cfg.mults
         super().__init__(config, {
-            "cmd": In(stream.Signature(command_layout(cfg))),
-            "x": In(stream.Signature(data.StructLayout(
-                {"x": data.ArrayLayout(signed(cfg.x_width), M)}))),
-            "w": In(stream.Signature(data.StructLayout(
-                {"w": data.ArrayLayout(signed(cfg.w_width), M)}))),
-            "lut": In(stream.Signature(data.StructLayout(
-                {"index": unsigned(cfg.x_width), "value": signed(cfg.x_width)}))),
-            "y": Out(stream.Signature(data.StructLayout(
-                {"data": signed(cfg.acc_width), "last": 1}))),
+            "cmd": In(stream.Signature(command_layout(config))),
+            **stream_signatures(config),
             "busy": Out(1),
             "error": Out(1),
         })
@@ -419,4 +429,149 @@ register(Block(
             "and fed by the DDR4-3200 model; a 4-DIMM tensor-parallel Qwen3 expert scaled to "
             "the buffers (slice cycles, partial sums checked against the whole expert); one "
             "DIMM's slice (N = 4) of each Table II expert, scaled, in cycles"),
+))
+
+
+
+# --------------------------------------------------------------------------------------------
+# ndp_system: N ndp_core DIMMs, one expert tensor-parallel across them, partial sums reduced
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class NdpSystemConfig:
+    """Parameters of ``ndp_system``: ``dimms`` N and the parameters of each DIMM's ``ndp_core``
+    (``max_inter`` is per DIMM: an expert of I intermediate rows needs ceil(I/N) <= max_inter).
+    """
+    dimms: int = int_param(4, 1, 8, "N, NDP-DIMMs the expert is split over")
+    mults: int = like_param(NdpConfig, "mults")
+    w_width: int = like_param(NdpConfig, "w_width")
+    x_width: int = like_param(NdpConfig, "x_width")
+    acc_width: int = like_param(NdpConfig, "acc_width")
+    max_cols: int = like_param(NdpConfig, "max_cols", 256)
+    max_inter: int = like_param(NdpConfig, "max_inter", 64)
+    out_depth: int = like_param(NdpConfig, "out_depth")
+    max_tokens: int = like_param(NdpConfig, "max_tokens")
+
+    def __post_init__(self):
+        validate(self)
+
+    def core_config(self):
+        return NdpConfig(mults=self.mults, w_width=self.w_width, x_width=self.x_width,
+                         acc_width=self.acc_width, max_cols=self.max_cols,
+                         max_inter=self.max_inter, out_depth=self.out_depth,
+                         max_tokens=self.max_tokens)
+
+
+def system_command_layout(config):
+    """An expert command: ``load_x``, ``rows`` = I (the whole expert's intermediate rows),
+    ``cols`` = D, the three shifts, ``tokens`` = S. DIMM d runs ffn_slice over its
+    ``golden.ndp.split_sizes(I, N)[d]`` rows."""
+    return data.StructLayout({
+        "load_x": 1, "rows": COUNT_BITS, "cols": COUNT_BITS,
+        "shift_g": SHIFT_BITS, "shift_u": SHIFT_BITS, "shift_h": SHIFT_BITS,
+        "tokens": token_bits(config)})
+
+
+class NdpSystem(ConfiguredComponent):
+    """``ndp_system``: one host port over N ``ndp_core`` DIMMs running one expert tensor-parallel
+    (seed 002 Fig. 4: Wg/Wu rows and the matching Wd columns split over the DIMMs), the DIMMs'
+    partial outputs summed by a reduction tree at the host port.
+
+    Members
+    -------
+    cmd : In(stream.Signature(system_command_layout()))
+        Taken when every DIMM is idle, by all of them at the same edge.
+    x, lut : In(stream)
+        Broadcast: a beat is taken by every DIMM at the same edge (each holds its own copy).
+    w : In(stream).array(N)
+        DIMM d's weight stream from its own DRAM: its slice in ``ndp_core``'s ffn_slice order.
+    y : Out(stream.Signature({data: signed acc_width, last}))
+        The sum over the DIMMs of their partial outputs (wrapped to acc_width), row by row and
+        token by token; ``last`` on a command's final result.
+    busy, error : Out(1)
+    """
+
+    def __init__(self, config):
+        ports = stream_signatures(config.core_config())
+        super().__init__(config, {
+            "cmd": In(stream.Signature(system_command_layout(config))),
+            "x": ports["x"], "w": ports["w"].array(config.dimms), "lut": ports["lut"],
+            "y": ports["y"], "busy": Out(1), "error": Out(1),
+        })
+
+    def elaborate(self, platform):
+        cfg = self.config
+        N = cfg.dimms
+        m = Module()
+        cores = [NdpCore(cfg.core_config()) for _ in range(N)]
+        for d, core in enumerate(cores):
+            m.submodules[f"dimm{d}"] = core
+            wiring.connect(m, wiring.flipped(self.w[d]), core.w)
+
+        # Command: checked here, so a DIMM never sees a bad slice; all DIMMs take it together.
+        cmd = self.cmd.payload
+        base = Signal(COUNT_BITS)
+        extra = Signal(range(N))
+        m.d.comb += [base.eq(cmd.rows // N), extra.eq(cmd.rows % N)]
+        per_dimm = Signal(COUNT_BITS + 1)               # the largest slice, ceil(I/N)
+        m.d.comb += per_dimm.eq(base + (extra != 0))
+        bad = Signal()
+        m.d.comb += bad.eq((cmd.rows < N) | (per_dimm > cfg.max_inter) | (cmd.cols == 0) |
+                           (cmd.cols > cfg.max_cols) | (cmd.tokens == 0) |
+                           (cmd.tokens > cfg.max_tokens))
+        all_idle = Cat(*(core.cmd.ready for core in cores)).all()
+        m.d.comb += self.cmd.ready.eq(all_idle)
+        error = Signal()
+        with m.If(self.cmd.valid & all_idle & bad):
+            m.d.sync += error.eq(1)
+        for d, core in enumerate(cores):
+            m.d.comb += [
+                core.cmd.valid.eq(self.cmd.valid & all_idle & ~bad),
+                core.cmd.payload.op.eq(golden.OP_FFN_SLICE),
+                core.cmd.payload.load_x.eq(cmd.load_x),
+                core.cmd.payload.rows.eq(base + (d < extra)),
+                core.cmd.payload.cols.eq(cmd.cols),
+                core.cmd.payload.shift_g.eq(cmd.shift_g),
+                core.cmd.payload.shift_u.eq(cmd.shift_u),
+                core.cmd.payload.shift_h.eq(cmd.shift_h),
+                core.cmd.payload.tokens.eq(cmd.tokens),
+            ]
+
+        # Broadcast ports: a beat goes to every DIMM at the edge all of them are ready.
+        for name in ("x", "lut"):
+            port = getattr(self, name)
+            all_ready = Cat(*(getattr(core, name).ready for core in cores)).all()
+            m.d.comb += port.ready.eq(all_ready)
+            for core in cores:
+                m.d.comb += [getattr(core, name).valid.eq(port.valid & all_ready),
+                             getattr(core, name).payload.eq(port.payload)]
+
+        # Reduction: result k of every DIMM joined and summed (wrapping), one output register.
+        all_valid = Cat(*(core.y.valid for core in cores)).all()
+        out_valid = Signal()
+        take = Signal()
+        m.d.comb += take.eq(all_valid & (~out_valid | self.y.ready))
+        total = sum((core.y.payload.data for core in cores[1:]), cores[0].y.payload.data)
+        for core in cores:
+            m.d.comb += core.y.ready.eq(take)
+        with m.If(take):
+            m.d.sync += [out_valid.eq(1), self.y.payload.data.eq(total[:cfg.acc_width]),
+                         self.y.payload.last.eq(cores[0].y.payload.last)]
+        with m.Elif(self.y.ready):
+            m.d.sync += out_valid.eq(0)
+        m.d.comb += [self.y.valid.eq(out_valid),
+                     self.busy.eq(Cat(*(core.busy for core in cores)).any() | out_valid),
+                     self.error.eq(error | Cat(*(core.error for core in cores)).any())]
+        return m
+
+
+register(Block(
+    name="ndp_system", family="ndp", config=NdpSystemConfig, build=NdpSystem, tb="ndp_system",
+    figures=lambda cfg: {"result_latency_cycles": golden.result_latency(cfg.mults) + 1,
+                         "macs_per_cycle": cfg.dimms * cfg.mults},
+    summary="N NDP-DIMMs running one expert tensor-parallel, partial sums reduced in hardware",
+    demo_configs=({},),
+    area_unit="DIMM", area_units=lambda cfg: cfg.dimms,
+    legend=("cycles of one expert over N DIMMs (S tokens) against the cycle model, MAC "
+            "utilization of the N x M multipliers"),
 ))

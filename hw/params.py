@@ -15,8 +15,8 @@ import dataclasses
 
 from amaranth.lib import wiring
 
-__all__ = ["ParamError", "int_param", "choice_param", "int_list_param", "validate", "describe",
-           "parse_params", "format_value", "param_error", "ConfiguredComponent"]
+__all__ = ["ParamError", "int_param", "like_param", "choice_param", "int_list_param", "validate",
+           "describe", "parse_params", "format_value", "param_error", "ConfiguredComponent"]
 
 
 def format_value(value):
@@ -100,6 +100,14 @@ def int_param(default, lo, hi, doc, *, check=None, check_doc=None):
     allowed = f"an integer in {lo}..{hi}" + (f", {check_doc}" if check_doc else "")
     return dataclasses.field(default=default, metadata={
         "kind": "int", "lo": lo, "hi": hi, "doc": doc, "check": check, "allowed": allowed})
+
+
+def like_param(config_cls, name, default=None):
+    """A parameter declared as ``config_cls`` declares it (range and help written once),
+    optionally with another default."""
+    field = config_cls.__dataclass_fields__[name]
+    return dataclasses.field(default=field.default if default is None else default,
+                             metadata=field.metadata)
 
 
 def choice_param(default, choices, doc):

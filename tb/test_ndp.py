@@ -33,6 +33,7 @@ class NdpBench(StreamBench):
         self.table = [0] * (1 << config.x_width)
         self.x_buffer = []           # what the activation buffer holds (pad lanes included)
         self.expected = []           # (value, last)
+        self.queued_beats = 0        # x and weight beats queued since the last drain
 
     # --- stimulus --------------------------------------------------------------------------
     def weights(self, rows, cols):
@@ -69,6 +70,7 @@ class NdpBench(StreamBench):
                 if token == len(self.x_buffer):
                     self.x_buffer.append([])
                 beats = golden.vector_beats(x[:cols], self.cfg.mults, self._pad(self.cfg.x_width))
+                self.queued_beats += len(beats)
                 for index, beat in enumerate(beats):
                     self.sources["x"].send({"x": beat})
                     start = index * self.cfg.mults
@@ -78,7 +80,8 @@ class NdpBench(StreamBench):
             "bench error: reusing an x that was never loaded"
         return [self.x_buffer[t][:cols] for t in range(len(xs))]
 
-    def _weights(self, beats, not_before=None):
+    def _weights(self, beats, not_before=None, tokens=1):
+        self.queued_beats += len(beats) * tokens      # each beat is held for every token
         for index, beat in enumerate(beats):
             self.sources["w"].send({"w": beat}, 0 if not_before is None else not_before[index])
 
@@ -91,7 +94,7 @@ class NdpBench(StreamBench):
         rows, cols = weights.shape
         xs = self._command(golden.OP_GEMV, rows, cols, xs, load_x=load_x)
         self._weights(golden.gemv_weight_beats(weights, self.cfg.mults,
-                                               self._pad(self.cfg.w_width)), not_before)
+                                               self._pad(self.cfg.w_width)), not_before, len(xs))
         self._expect(golden.gemv_tokens(weights, xs, self.cfg.acc_width))
 
     def gemv(self, weights, x, load_x=True, not_before=None):
@@ -103,7 +106,7 @@ class NdpBench(StreamBench):
         the expected partial y of each token."""
         xs = self._command(golden.OP_FFN_SLICE, wg.shape[0], wg.shape[1], xs, shifts, load_x)
         self._weights(golden.ffn_weight_beats(wg, wu, wd, self.cfg.mults,
-                                              self._pad(self.cfg.w_width)), not_before)
+                                              self._pad(self.cfg.w_width)), not_before, len(xs))
         partials = [golden.ffn_slice(wg, wu, wd, x, self.table, shifts,
                                      self.cfg.x_width, self.cfg.acc_width)[0] for x in xs]
         self._expect(golden.interleave_tokens(partials))
@@ -115,7 +118,9 @@ class NdpBench(StreamBench):
 
     # --- checks ----------------------------------------------------------------------------
     async def drain(self, budget=None):
-        budget = budget or 40 * len(self.expected) + 4000
+        # A deadlock detector: generous for the slowest gap/stall profile.
+        budget = budget or 40 * len(self.expected) + 20 * self.queued_beats + 4000
+        self.queued_beats = 0
         await wait_for(self.dut, lambda: len(self.y.received) == len(self.expected), budget,
                        "every result out")
         await wait_for(self.dut, lambda: not self.dut.busy.value, 200, "core idle")

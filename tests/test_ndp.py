@@ -8,7 +8,7 @@ from conftest import SIMULATORS, config_id, run_block
 from golden import fixed
 from golden import ndp as golden
 from golden.dram import DDR4_3200AA, TABLE_I, Command, Ddr4Stream, check_trace
-from hw.ndp import NdpConfig
+from hw.ndp import NdpConfig, NdpSystemConfig
 from hw.params import ParamError
 from flows import ndp_schedule
 
@@ -166,6 +166,86 @@ def test_config_rejects_bad_values(kwargs, message):
 @pytest.mark.parametrize("params", SIM_CONFIGS, ids=[config_id(p) for p in SIM_CONFIGS])
 def test_cocotb(params, simulator):
     assert run_block("ndp_core", params, simulator).tests == COCOTB_TESTS
+
+
+# --- ndp_system ---------------------------------------------------------------------------------
+
+SYSTEM_COCOTB_TESTS = 10
+
+SYSTEM_CONFIGS = [
+    # The defaults and demo: 4 DIMMs of Table I's 64-multiplier core, 8 tokens.
+    {},
+    # Odd everywhere: 3 DIMMs, M = 5, narrow operands, a wrapping 16-bit accumulator and
+    # reduction, 2 output slots (the DIMMs wait on each other's results), 3 tokens.
+    {"dimms": 3, "mults": 5, "w_width": 4, "x_width": 6, "acc_width": 16, "max_cols": 23,
+     "max_inter": 4, "out_depth": 2, "max_tokens": 3},
+    # The most DIMMs (8), M = 4, odd buffers, 5 tokens.
+    {"dimms": 8, "mults": 4, "max_cols": 13, "max_inter": 3, "max_tokens": 5},
+]
+# One DIMM, and 64 tokens over 4 small DIMMs (the range ends of every parameter also run in
+# tests/test_ranges.py).
+SYSTEM_SWEEP_CONFIGS = [{"dimms": 1, "mults": 8, "max_cols": 32, "max_inter": 16},
+                        {"mults": 8, "max_cols": 32, "max_inter": 8, "max_tokens": 64}]
+
+
+@pytest.mark.parametrize("simulator", SIMULATORS)
+@pytest.mark.parametrize("params", SYSTEM_CONFIGS, ids=[config_id(p) for p in SYSTEM_CONFIGS])
+def test_system_cocotb(params, simulator):
+    assert run_block("ndp_system", params, simulator).tests == SYSTEM_COCOTB_TESTS
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("simulator", SIMULATORS)
+@pytest.mark.parametrize("params", SYSTEM_SWEEP_CONFIGS,
+                         ids=[config_id(p) for p in SYSTEM_SWEEP_CONFIGS])
+def test_system_cocotb_sweep(params, simulator):
+    assert run_block("ndp_system", params, simulator).tests == SYSTEM_COCOTB_TESTS
+
+
+@pytest.mark.parametrize("commands", [[(3, 17, True, 1)], [(3, 17, True, 2), (5, 9, False, 3)],
+                                      [(9, 1, True, 4)]])
+def test_system_timeline_of_one_dimm_is_the_core_timeline(commands):
+    """With N = 1 the system is one core plus the reduction's register (one edge)."""
+    system = golden.system_timeline(commands, 1, 4, 5)
+    core = golden.timeline([(golden.OP_FFN_SLICE, *c) for c in commands], 4, 5)
+    assert system[0] == core[0] and system[1] == [core[1]]
+    assert system[2] == [t + 1 for t in core[2]]
+
+
+def test_system_timeline_couples_the_dimms():
+    """13 rows over 4 DIMMs (4, 3, 3, 3) and one-beat Wd rows: every result waits for DIMM 0,
+    whose Wd phase starts 2 gate beats later; with 2 output slots the other DIMMs stall on
+    theirs, so their beats shift by the wait."""
+    commands, beats, results = golden.system_timeline([(13, 9, True, 1)], 4, 2, 8)
+    alone = [golden.timeline([(golden.OP_FFN_SLICE, rows, 9, True)], 2, 8)
+             for rows in golden.split_sizes(13, 4)]
+    assert results == [t + 1 for t in alone[0][2]]            # DIMM 0 is the slowest
+    assert beats[0] == alone[0][1]
+    assert beats[1] != alone[1][1] and beats[1][:2 * 3 * 2] == alone[1][1][:2 * 3 * 2]
+
+
+def test_system_golden_is_the_unsplit_expert():
+    rng = np.random.default_rng(5)
+    wg, wu = (rng.integers(-8, 8, (7, 6)) for _ in range(2))
+    wd = rng.integers(-8, 8, (6, 7))
+    xs = [list(rng.integers(-8, 8, 6)) for _ in range(3)]
+    lut = golden.activation_lut("silu", 6, 2, 2)
+    want = golden.system_expert_tokens(wg, wu, wd, xs, lut, (3, 3, 4), 6, 16)
+    for parts in (1, 2, 3, 7):
+        partials = [golden.ffn_slice_tokens(g, u, d, xs, lut, (3, 3, 4), 6, 16)
+                    for g, u, d in golden.split_expert(wg, wu, wd, parts)]
+        assert [fixed.wrap(v, 16) for v in np.array(partials, dtype=object).sum(0)] == want
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"dimms": 0}, "parameter 'dimms': got 0; allowed: an integer in 1..8"),
+    ({"dimms": 9}, "parameter 'dimms': got 9; allowed: an integer in 1..8"),
+    ({"max_tokens": 65}, "parameter 'max_tokens': got 65; allowed: an integer in 1..64"),
+])
+def test_system_config_rejects_bad_values(kwargs, message):
+    with pytest.raises(ParamError) as info:
+        NdpSystemConfig(**kwargs)
+    assert str(info.value) == message
 
 
 # --- schedule model (flows/ndp_schedule.py) ----------------------------------------------------
