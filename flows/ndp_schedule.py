@@ -2,9 +2,13 @@
 
 Compares, for 2, 4 and 6 NDP-DIMMs and the four models of Table II:
 
-* ``MoNDE``: expert parallelism (expert e on DIMM e mod N, a whole expert per DIMM) plus GPU
-  offload: experts move from the busiest DIMM to the GPU (weights over PCIe) while that lowers
-  the layer's critical path (the MoNDE-style baseline; a greedy optimum of its balance rule);
+* ``MoNDE``: expert parallelism, a whole expert per DIMM. Decode: expert e on DIMM e mod N plus
+  GPU offload: experts move from the busiest DIMM to the GPU (weights over PCIe) while that
+  lowers the layer's critical path (a greedy optimum of its balance rule). Prefill: the NDPs
+  alone, the activated experts ordered by their token counts (their arithmetic intensity) and
+  dealt to the DIMMs in turn ("MoNDE distributes expert workloads cyclically based on
+  arithmetic intensity", seed 002 §V-B, where the prefill's experts are "relatively uniform"
+  over the NDP units);
 * ``TP``: every activated expert split over all N DIMMs (Fig. 4);
 * ``TP+LB``: E_g experts on the GPU from the balance equations (1) (decode) / (2) (prefill);
 * ``TP+PRE``: dataset-free prefetch: the TopK experts seen most often in the prefill (one for
@@ -12,9 +16,13 @@ Compares, for 2, 4 and 6 NDP-DIMMs and the four models of Table II:
   E_max of them (eq. (3));
 * ``TP+LB+PRE``: prefetch hits on the GPU; with no hit, TP+LB.
 
-Time of an NDP expert slice: the ``ndp_core`` cycle model (:func:`golden.ndp.command_cycles`,
-which the RTL meets cycle for cycle in ``tb/test_ndp.py``) for ``ffn_slice(I/N, D)`` with
-M = 64 at 1.6 GHz, started when the DDR4-3200 model (:mod:`golden.dram`) delivers the first beat.
+NDP times come from the RTL's cycle models, which the RTL meets cycle for cycle
+(``tb/test_ndp_system.py``): one expert tensor-parallel over N DIMMs (TP) is an ``ndp_system``
+command (:func:`golden.ndp.system_expert_cycles`, partial sums reduced in hardware); a whole
+expert on one DIMM (MoNDE's expert parallelism) is the same with N = 1; S tokens routed to an
+expert go in multi-token commands of at most ``ndp_max_tokens`` (weights read once per command);
+M = 64 at 1.6 GHz, each command started when the DDR4-3200 model (:mod:`golden.dram`) delivers
+its first beat.
 The other figures are assumptions, listed in :class:`Hardware`; change them there.
 Routing is synthetic: expert popularity falls off as ``1/rank**skew`` (seeded), tokens draw
 TopK distinct experts by popularity; the prefill (S = 512 tokens) and the decode tokens come
@@ -31,8 +39,8 @@ from golden.dram import DDR4_3200AA, Ddr4Stream
 from golden.ndp import MODELS, Model
 
 __all__ = ["Hardware", "Model", "MODELS", "STRATEGIES", "eg_prime", "solve_balance",
-           "solve_e_max", "ndp_slice_seconds", "layer_latencies", "run", "averages",
-           "format_table", "write_json", "plot", "PAPER"]
+           "solve_e_max", "ndp_expert_seconds", "layer_latencies", "run", "averages",
+           "format_table", "write_json", "plot", "figure", "PAPER"]
 
 STRATEGIES = ("MoNDE", "TP", "TP+LB", "TP+PRE", "TP+LB+PRE")
 DIMMS = (2, 4, 6)
@@ -50,14 +58,17 @@ class Hardware:
     """Table I plus the assumptions the paper does not state (marked)."""
     ndp_mults: int = 64                 # Table I
     ndp_clock_hz: float = 1.6e9         # DDR4-3200 clock: 64 B/cycle = 102.4 GB/s (Table I)
-    ndp_out_depth: int = 16             # ndp_core default
+    ndp_out_depth: int = 16             # ndp_core default (> result latency: no slot waits)
+    ndp_max_tokens: int = 64            # tokens per multi-token command (ndp_core's maximum)
     gpu_mem_bytes_per_s: float = 960e9  # RTX 5080 GDDR7, 256-bit at 30 Gb/s (assumed spec)
     gpu_ops_per_s: float = 225e12       # RTX 5080 dense INT8 tensor throughput (assumed, /2)
     gpu_kernel_s: float = 5e-6          # launch + sync per expert on the GPU (assumed)
     pcie_bytes_per_s: float = 50e9      # PCIe 5.0 x16, effective (assumed 78% of 64 GB/s)
     act_latency_s: float = 2e-6         # host-mediated activation hop GPU<->DIMM (assumed)
     act_bytes_per_s: float = 25.6e9     # one DDR4-3200 channel
-    weight_bytes: int = 1               # int8 expert weights (the NDP core's w_width)
+    weight_bytes: int = 2               # 16-bit expert weights over PCIe and on the GPU (§I:
+                                        # Qwen3-30B-A3B "more than 60GB"); the NDPs' times
+                                        # come from the int8 RTL (ndp_core's w_width)
     act_bytes: int = 2                  # fp16 activations between GPU and DIMMs
     skew: float = 0.8                   # expert popularity ~ 1/rank**skew (assumed)
     seq_len: int = 512                  # §V: input and output lengths 512
@@ -105,13 +116,21 @@ def solve_e_max(topk, t_g, t_n, t_a, dimms):
 
 # --- component times --------------------------------------------------------------------------
 
-def ndp_slice_seconds(hw, hidden, inter_slice, tokens=1):
-    """One DIMM's ffn_slice(I_s, D) for ``tokens`` tokens: the RTL cycle model after the DDR4
-    first access (weights re-streamed per token: the core is a GEMV engine)."""
-    cycles = golden.command_cycles(golden.OP_FFN_SLICE, inter_slice, hidden, True,
-                                   hw.ndp_mults, hw.ndp_out_depth)
+def ndp_expert_seconds(hw, model, dimms, tokens=1):
+    """One expert of ``model`` for ``tokens`` tokens on ``dimms`` DIMMs (``ndp_system``; 1: a
+    whole expert on one DIMM): multi-token commands of at most ``hw.ndp_max_tokens`` tokens,
+    each the RTL's cycle model plus the DDR4 first access."""
+    assert hw.ndp_out_depth > golden.result_latency(hw.ndp_mults), "closed form needs no waits"
     first_beat = Ddr4Stream(hw.ndp_mults).data_start[0] + DDR4_3200AA.BL
-    return tokens * (cycles + first_beat) / hw.ndp_clock_hz
+    tokens = max(1, math.ceil(tokens))
+    full, rest = divmod(tokens, hw.ndp_max_tokens)
+    cycles = 0
+    for count, size in ((full, hw.ndp_max_tokens), (1 if rest else 0, rest)):
+        if count:
+            one = golden.system_expert_cycles(model.inter, model.hidden, size, dimms,
+                                              hw.ndp_mults)
+            cycles += count * (one + first_beat)
+    return cycles / hw.ndp_clock_hz
 
 
 def _expert_bytes(model, hw):
@@ -138,13 +157,12 @@ class Times:
 
 
 def _times(model, hw, dimms, tokens=1):
-    slice_rows = math.ceil(model.inter / dimms)
     return Times(
         t_w=_expert_bytes(model, hw) / hw.pcie_bytes_per_s,
         t_g=_gpu_expert_seconds(model, hw, tokens),
         t_a=_act_seconds(model, hw, tokens),
-        t_n=ndp_slice_seconds(hw, model.hidden, slice_rows, tokens),
-        t_n1=ndp_slice_seconds(hw, model.hidden, model.inter, tokens))
+        t_n=ndp_expert_seconds(hw, model, dimms, tokens),
+        t_n1=ndp_expert_seconds(hw, model, 1, tokens))
 
 
 # --- routing ----------------------------------------------------------------------------------
@@ -224,27 +242,30 @@ def layer_latencies(model, hw, dimms):
         decode_ms["TP+PRE"].append(pre)
         decode_ms["TP+LB+PRE"].append(pre if on_gpu else lb)
 
-    # Prefill: every expert with its token count; the GPU takes the most-loaded ones.
+    # Prefill: every expert with its token count, run as multi-token commands. MoNDE: each
+    # expert whole on one DIMM, heaviest first dealt in turn; TP: every expert over all N;
+    # TP+LB: the GPU takes the most-loaded ones (eq. (2)).
     tokens = counts.tolist() + [hw.seq_len] * model.shared
     experts = [e for e, n in enumerate(tokens) if n]
     loads = sorted((tokens[e] for e in experts), reverse=True)
+    acts = _act_seconds(model, hw, hw.seq_len)
+    per_dimm = [0.0] * dimms
+    for index, n in enumerate(loads):           # heaviest first, dealt in turn
+        per_dimm[index % dimms] += ndp_expert_seconds(hw, model, 1, n)
+    tp_times = [ndp_expert_seconds(hw, model, dimms, n) for n in loads]
+    prefill_s = {
+        "MoNDE": max(per_dimm) + 2 * acts,
+        "TP": sum(tp_times) + (dimms + 1) * acts,
+    }
     mean_tokens = sum(loads) / len(loads)
     avg = _times(model, hw, dimms, tokens=mean_tokens)
-    prefill_s = {
-        "MoNDE": _monde([n * one.t_n1 for n in (tokens[e] for e in experts)], experts,
-                        dimms, one.t_w,
-                        lambda k: sum(_gpu_expert_seconds(model, hw, n) for n in loads[:k]),
-                        _act_seconds(model, hw, hw.seq_len)),
-        "TP": sum(loads) * one.t_n + (dimms + 1) * _act_seconds(model, hw, hw.seq_len),
-    }
     real = solve_balance(len(loads), avg.t_w, avg.t_g, avg.t_n, one.t_a, dimms,
                          hw.seq_len)
     best = None
     for e_g in sorted({math.floor(real), math.ceil(real)}):
         gpu = sum(one.t_w + _gpu_expert_seconds(model, hw, n) for n in loads[:e_g])
         gpu += (hw.seq_len - 1) * one.t_a * dimms if e_g else 0.0
-        ndp = sum(loads[e_g:]) * one.t_n + (dimms + 1) * _act_seconds(model, hw,
-                                                                              hw.seq_len)
+        ndp = sum(tp_times[e_g:]) + (dimms + 1) * acts
         best = max(gpu, ndp) if best is None else min(best, max(gpu, ndp))
     prefill_s["TP+LB"] = best
     return {
@@ -345,23 +366,51 @@ def write_json(rows, path):
 
 
 def plot(rows, path):
-    """Bar chart of normalized decode MoE latency (MoNDE = 1) per model and DIMM count."""
-    import matplotlib
-    matplotlib.use("Agg")
+    """Write :func:`figure` to ``path``; returns the path."""
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
-    labels = [f"{r['model']}\nN={r['dimms']}" for r in rows]
-    x = np.arange(len(rows))
-    for ax, stage, strategies in ((axes[0], "prefill", ("MoNDE", "TP", "TP+LB")),
-                                  (axes[1], "decode", STRATEGIES)):
-        width = 0.8 / len(strategies)
-        for i, s in enumerate(strategies):
-            ax.bar(x + i * width, [1.0 / r[stage][s] for r in rows], width, label=s)
-        ax.set_xticks(x + 0.4 - width / 2, labels, fontsize=6)
-        ax.set_ylabel("normalized MoE latency (MoNDE = 1)")
-        ax.set_title(f"{stage} MoE layer")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+    fig = figure(rows)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def figure(rows):
+    """Speedup over MoNDE, one panel per model and stage (prefill on top, decode below): bars
+    per strategy over the DIMM count, the paper's averages as dashed lines in each strategy's
+    colour, MoNDE = 1 as a solid line."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    stages = (("prefill", ("TP", "TP+LB")), ("decode", STRATEGIES[1:]))
+    colours = {s: f"C{i}" for i, s in enumerate(STRATEGIES[1:])}
+    fig, axes = plt.subplots(len(stages), len(models), figsize=(3.4 * len(models) + 1.6, 6.4),
+                             squeeze=False)
+    for row, (stage, strategies) in enumerate(stages):
+        for col, model in enumerate(models):
+            ax = axes[row][col]
+            mine = [r for r in rows if r["model"] == model]
+            x = np.arange(len(mine))
+            width = 0.8 / len(strategies)
+            for i, strategy in enumerate(strategies):
+                ax.bar(x + (i - (len(strategies) - 1) / 2) * width,
+                       [r[stage][strategy] for r in mine], width, label=strategy,
+                       color=colours[strategy])
+                paper = PAPER[stage].get(strategy)
+                if paper:
+                    ax.axhline(paper, color=colours[strategy], linestyle="--", linewidth=1)
+            ax.axhline(1.0, color="black", linewidth=0.8)
+            ax.set_xticks(x, [str(r["dimms"]) for r in mine])
+            ax.set_xlabel("NDP-DIMMs N")
+            ax.set_title(f"{model}: {stage}", fontsize=9)
+            if col == 0:
+                ax.set_ylabel("speedup over MoNDE (x)")
+            ax.tick_params(labelsize=8)
+    for row, (stage, strategies) in enumerate(stages):
+        handles, labels = axes[row][0].get_legend_handles_labels()
+        axes[row][-1].legend(handles, labels, fontsize=7, loc="upper left",
+                             bbox_to_anchor=(1.02, 1.0), title="dashed: paper's\naverage",
+                             title_fontsize=7)
+    fig.suptitle("seed 002 schedule model, NDP times from the RTL cycle models", fontsize=10)
+    fig.tight_layout()
+    return fig

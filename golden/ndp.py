@@ -46,7 +46,8 @@ __all__ = ["requant", "gemv", "ffn_slice", "ffn_expert", "split_sizes", "split_e
            "activation_lut", "gemv_weight_beats", "ffn_weight_beats", "vector_beats",
            "tree_levels", "gate_drain", "result_latency", "command_cycles", "weight_beats",
            "useful_macs", "timeline", "interleave_tokens", "gemv_tokens", "ffn_slice_tokens",
-           "system_expert_tokens", "system_weight_beats", "system_timeline", "OP_GEMV",
+           "system_expert_tokens", "system_weight_beats", "system_timeline",
+           "system_expert_cycles", "OP_GEMV",
            "OP_FFN_SLICE"]
 
 OP_GEMV, OP_FFN_SLICE = 0, 1
@@ -384,6 +385,23 @@ def system_timeline(commands, dimms, out_depth, mults):
             now += 1
         cycle = max(last) + 1
     return command_edges, beat_edges, [j + 1 for j in joins]
+
+
+def system_expert_cycles(inter, hidden, tokens, dimms, mults, load_x=True):
+    """Edges from an ``ndp_system`` command's transfer to the edge after its last result's, for
+    one expert of ``inter`` x ``hidden`` over ``dimms`` DIMMs and ``tokens`` tokens, in the
+    setting of :func:`system_timeline` with ``out_depth`` > :func:`result_latency` (no slot
+    waits: the defaults). In closed form, so the schedule model can price full-size experts.
+
+    DIMM 0 holds the most rows, I_0 = ceil(I/N), and sets the pace: 1 command edge, S x beats
+    per x word, S pairs per gate beat (2 I_0 ceil(D/M) beats), the gate drain, S pairs per Wd
+    beat (D ceil(I_0/M) beats), then its last result's latency and the reduction's register.
+    """
+    rows = split_sizes(inter, dimms)[0]
+    x_beats = math.ceil(hidden / mults)
+    last_pair = (tokens * x_beats * bool(load_x) + tokens * 2 * rows * x_beats +
+                 gate_drain(mults) + tokens * hidden * math.ceil(rows / mults))
+    return last_pair + result_latency(mults) + 2
 
 
 # Table II of seed 002: the four MoE models the schedule model and the tests scale from.

@@ -224,6 +224,18 @@ def test_system_timeline_couples_the_dimms():
     assert beats[1] != alone[1][1] and beats[1][:2 * 3 * 2] == alone[1][1][:2 * 3 * 2]
 
 
+@pytest.mark.parametrize("inter, hidden, tokens, dimms, mults", [
+    (13, 17, 1, 4, 8), (13, 17, 3, 4, 8), (7, 1, 2, 7, 5), (64, 40, 1, 3, 16), (9, 9, 5, 1, 4)])
+def test_system_expert_cycles_closed_form(inter, hidden, tokens, dimms, mults):
+    """The closed form the schedule model uses equals the edge-by-edge model (no slot waits)."""
+    out_depth = golden.result_latency(mults) + 1
+    for load_x in (True, False):
+        _, _, results = golden.system_timeline([(inter, hidden, load_x, tokens)], dimms,
+                                               out_depth, mults)
+        assert golden.system_expert_cycles(inter, hidden, tokens, dimms, mults,
+                                           load_x) == results[-1] + 1
+
+
 def test_system_golden_is_the_unsplit_expert():
     rng = np.random.default_rng(5)
     wg, wu = (rng.integers(-8, 8, (7, 6)) for _ in range(2))
@@ -269,10 +281,48 @@ def test_balance_equations_on_hand_computed_cases():
 
 
 def test_ndp_time_is_the_rtl_cycle_model():
+    """TP: an ndp_system command over N DIMMs; EP: N = 1; S tokens in commands of at most
+    ndp_max_tokens (64), each paying the DDR4 first access."""
     hw = ndp_schedule.Hardware()
-    cycles = golden.command_cycles(golden.OP_FFN_SLICE, 192, 2048, True, 64, 16)
+    qwen3 = golden.MODELS[1]
     first_beat = DDR4_3200AA.RCD + DDR4_3200AA.CL + DDR4_3200AA.BL
-    assert ndp_schedule.ndp_slice_seconds(hw, 2048, 192) == (cycles + first_beat) / 1.6e9
+    for dimms, tokens in ((4, 1), (1, 1), (6, 8), (2, 64)):
+        cycles = golden.system_expert_cycles(768, 2048, tokens, dimms, 64)
+        assert ndp_schedule.ndp_expert_seconds(hw, qwen3, dimms, tokens) == \
+            (cycles + first_beat) / 1.6e9
+    # 130 tokens: two full commands and one of 2 tokens.
+    cycles = (2 * golden.system_expert_cycles(768, 2048, 64, 4, 64) +
+              golden.system_expert_cycles(768, 2048, 2, 4, 64) + 3 * first_beat)
+    assert ndp_schedule.ndp_expert_seconds(hw, qwen3, 4, 130) == cycles / 1.6e9
+    # The closed form is the edge-by-edge cycle model the RTL meets (a small expert).
+    assert golden.system_expert_cycles(24, 40, 3, 4, 8) == \
+        golden.system_timeline([(24, 40, True, 3)], 4, 16, 8)[2][-1] + 1
+
+
+def test_schedule_plot_is_readable():
+    """Every panel has axis titles; no two tick labels, titles or legends overlap; the paper's
+    averages are drawn (one dashed line per strategy it reports, per panel)."""
+    import matplotlib.pyplot as plt
+    rows = ndp_schedule.run()
+    fig = ndp_schedule.figure(rows)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = []
+    for ax in fig.axes:
+        assert ax.get_xlabel() and ax.get_title()
+        labels = [t for t in ax.get_xticklabels() if t.get_text()]
+        assert len(labels) == len(ndp_schedule.DIMMS)
+        boxes += [t.get_window_extent(renderer) for t in labels]
+        boxes.append(ax.title.get_window_extent(renderer))
+        dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+        stage = "prefill" if "prefill" in ax.get_title() else "decode"
+        assert len(dashed) == len(ndp_schedule.PAPER[stage])
+        if ax.get_legend():
+            boxes.append(ax.get_legend().get_window_extent(renderer))
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b), f"{a} overlaps {b}"
+    plt.close(fig)
 
 
 def test_schedule_rows_and_averages():
@@ -298,9 +348,13 @@ def test_schedule_cli(tmp_path):
     assert main(["schedule", "--skew", "9"]) == 2
 
 
-def test_synthesizes_with_one_multiplier_per_lane(tmp_path):
+@pytest.mark.parametrize("name, params", [
+    ("ndp_core", {"mults": 8, "max_cols": 64, "max_inter": 32, "max_tokens": 2}),
+    ("ndp_system", {"dimms": 2, "mults": 4, "max_cols": 8, "max_inter": 4, "max_tokens": 2})])
+def test_synthesizes(tmp_path, name, params):
+    """Yosys generic synthesis (small buffers: they become flip-flops there)."""
     from flows.synth import synthesize
     from hw.registry import get_block
-    block = get_block("ndp_core")
-    report = synthesize(block, block.config(**SIM_CONFIGS[0]), "generic", tmp_path)
+    block = get_block(name)
+    report = synthesize(block, block.config(**params), "generic", tmp_path)
     assert report["flip_flops"] > 0 and report["luts"] > 0
