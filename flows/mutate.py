@@ -348,6 +348,10 @@ SCORED_CONFIGS = {
     # Two chiplets under one switch: the whole layer, a 2 MB netlist instead of 10 MB.
     "moe_layer": {"fanouts": 2, "experts": 4, "slots": 2, "d_model": 4, "d_ff": 3,
                   "lanes": 2, "rows": 2, "cols": 2, "arrays": 1},
+    # Small multipliers and buffers: the suites run every shape class at a fraction of the time
+    # (the defaults' x buffers alone are 64 Kbit of flip-flops in the flattened netlist).
+    "ndp_core": {"mults": 8, "max_cols": 64, "max_inter": 32, "max_tokens": 4},
+    "ndp_system": {"dimms": 3, "mults": 4, "max_cols": 12, "max_inter": 4, "max_tokens": 3},
 }
 
 

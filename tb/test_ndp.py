@@ -16,48 +16,19 @@ from cocotb.triggers import ClockCycles
 
 from golden import fixed
 from golden import ndp as golden
-from golden.dram import DDR4_3200AA, TABLE_I, Ddr4Stream
+from golden.dram import DDR4_3200AA, TABLE_I
 from hw.ndp import token_bits
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import STALL_PROFILES, StreamBench, edge_now, reset_dut, start_after_reset, wait_for
+from tb.ndp_bench import NdpBenchBase, dram_times, silu_table
+from tb.streams import STALL_PROFILES, edge_now, reset_dut, start_after_reset, wait_for
 
 
 
-class NdpBench(StreamBench):
+class NdpBench(NdpBenchBase):
     """Sources on ``cmd``, ``x``, ``w`` and ``lut``, a sink on ``y``, the golden expectations."""
 
     def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
-        super().__init__(dut, component, rng, ("cmd", "x", "w", "lut"), ("y",), gap, stall)
-        self.cfg = config
-        self.y = self.sinks["y"]
-        self.table = [0] * (1 << config.x_width)
-        self.x_buffer = []           # what the activation buffer holds (pad lanes included)
-        self.expected = []           # (value, last)
-        self.queued_beats = 0        # x and weight beats queued since the last drain
-
-    # --- stimulus --------------------------------------------------------------------------
-    def weights(self, rows, cols):
-        low, high = fixed.signed_limits(self.cfg.w_width)
-        return np.array([[self.rng.randint(low, high) for _ in range(cols)] for _ in range(rows)],
-                        dtype=np.int64)
-
-    def vector(self, length):
-        low, high = fixed.signed_limits(self.cfg.x_width)
-        return [self.rng.randint(low, high) for _ in range(length)]
-
-    def _pad(self, width):
-        low, high = fixed.signed_limits(width)
-        return lambda: self.rng.randint(low, high)
-
-    async def write_lut(self, table):
-        """Write the activation table once every queued command is done (the host's rule: the
-        LUT port is served between commands, so a queued command could see a partial table)."""
-        await self.drain()
-        for index, value in enumerate(table):
-            self.sources["lut"].send({"index": index, "value": value})
-        self.table = list(table)
-        await wait_for(self.dut, lambda: self.sources["lut"].idle, 4 * len(table) + 100,
-                       "LUT written")
+        super().__init__(dut, config, component, rng, ("w",), gap, stall)
 
     def _command(self, op, rows, cols, xs, shifts=(0, 0, 0), load_x=True):
         """Queue a command naming ``len(xs)`` tokens; returns the x of each token the core will
@@ -65,37 +36,17 @@ class NdpBench(StreamBench):
         self.sources["cmd"].send({"op": op, "load_x": int(load_x), "rows": rows, "cols": cols,
                                   "shift_g": shifts[0], "shift_u": shifts[1],
                                   "shift_h": shifts[2], "tokens": len(xs)})
-        if load_x:
-            for token, x in enumerate(xs):
-                if token == len(self.x_buffer):
-                    self.x_buffer.append([])
-                beats = golden.vector_beats(x[:cols], self.cfg.mults, self._pad(self.cfg.x_width))
-                self.queued_beats += len(beats)
-                for index, beat in enumerate(beats):
-                    self.sources["x"].send({"x": beat})
-                    start = index * self.cfg.mults
-                    self.x_buffer[token][start:start + len(beat)] = beat
-        assert len(self.x_buffer) >= len(xs) and all(
-            len(self.x_buffer[t]) >= cols for t in range(len(xs))), \
-            "bench error: reusing an x that was never loaded"
-        return [self.x_buffer[t][:cols] for t in range(len(xs))]
-
-    def _weights(self, beats, not_before=None, tokens=1):
-        self.queued_beats += len(beats) * tokens      # each beat is held for every token
-        for index, beat in enumerate(beats):
-            self.sources["w"].send({"w": beat}, 0 if not_before is None else not_before[index])
-
-    def _expect(self, values):
-        self.expected += [(int(v), int(i == len(values) - 1)) for i, v in enumerate(values)]
+        return self.send_x(xs, cols, load_x)
 
     def gemv_tokens(self, weights, xs, load_x=True, not_before=None):
         """Queue a gemv over the tokens ``xs`` (what the buffer holds afterwards, sent when
         ``load_x``); results row by row, token by token."""
         rows, cols = weights.shape
         xs = self._command(golden.OP_GEMV, rows, cols, xs, load_x=load_x)
-        self._weights(golden.gemv_weight_beats(weights, self.cfg.mults,
-                                               self._pad(self.cfg.w_width)), not_before, len(xs))
-        self._expect(golden.gemv_tokens(weights, xs, self.cfg.acc_width))
+        self.send_weights("w", golden.gemv_weight_beats(weights, self.cfg.mults,
+                                                        self.pad(self.cfg.w_width)),
+                          not_before, len(xs))
+        self.expect(golden.gemv_tokens(weights, xs, self.cfg.acc_width))
 
     def gemv(self, weights, x, load_x=True, not_before=None):
         """Queue a one-token gemv."""
@@ -105,36 +56,17 @@ class NdpBench(StreamBench):
         """Queue an ffn_slice (rows of Wg/Wu, columns of Wd) over the tokens ``xs``; returns
         the expected partial y of each token."""
         xs = self._command(golden.OP_FFN_SLICE, wg.shape[0], wg.shape[1], xs, shifts, load_x)
-        self._weights(golden.ffn_weight_beats(wg, wu, wd, self.cfg.mults,
-                                              self._pad(self.cfg.w_width)), not_before, len(xs))
+        self.send_weights("w", golden.ffn_weight_beats(wg, wu, wd, self.cfg.mults,
+                                                       self.pad(self.cfg.w_width)),
+                          not_before, len(xs))
         partials = [golden.ffn_slice(wg, wu, wd, x, self.table, shifts,
                                      self.cfg.x_width, self.cfg.acc_width)[0] for x in xs]
-        self._expect(golden.interleave_tokens(partials))
+        self.expect(golden.interleave_tokens(partials))
         return partials
 
     def ffn(self, wg, wu, wd, x, shifts, load_x=True, not_before=None):
         """Queue a one-token ffn_slice; returns the expected partial y."""
         return self.ffn_tokens(wg, wu, wd, [x], shifts, load_x, not_before)[0]
-
-    # --- checks ----------------------------------------------------------------------------
-    async def drain(self, budget=None):
-        # A deadlock detector: generous for the slowest gap/stall profile.
-        budget = budget or 40 * len(self.expected) + 20 * self.queued_beats + 4000
-        self.queued_beats = 0
-        await wait_for(self.dut, lambda: len(self.y.received) == len(self.expected), budget,
-                       "every result out")
-        await wait_for(self.dut, lambda: not self.dut.busy.value, 200, "core idle")
-        await ClockCycles(self.dut.clk, 5)
-
-    def results(self):
-        return [(int(beat.data), int(beat.last)) for _, beat in self.y.received]
-
-    def check(self):
-        got = self.results()
-        assert len(got) == len(self.expected), f"{len(got)} results, expected {len(self.expected)}"
-        for index, (have, want) in enumerate(zip(got, self.expected)):
-            assert have == want, f"result {index}: got {have}, expected {want}"
-        assert not self.dut.error.value, "error flag set by valid commands"
 
 
 def _setup(dut, salt, **kwargs):
@@ -148,22 +80,6 @@ def _shapes(bench):
     cols = sorted({1, min(M, max_cols), min(M + 1, max_cols), max(min(2 * M - 1, max_cols), 1),
                    max_cols, bench.rng.randint(1, max_cols)})
     return [(bench.rng.choice([1, 2, M - 1 or 1, M + 1, 2 * M + 3]), c) for c in cols]
-
-
-def _silu_table(cfg):
-    frac = max(cfg.x_width - 4, 0)
-    return golden.activation_lut("silu", cfg.x_width, frac, frac)
-
-
-def _ffn_weights(bench, inter, hidden):
-    return bench.weights(inter, hidden), bench.weights(inter, hidden), bench.weights(hidden, inter)
-
-
-def _shifts(bench, hidden):
-    """Shifts that keep g and u mostly inside the x range (some saturate)."""
-    acc_bits = bench.cfg.w_width + bench.cfg.x_width - 2 + max(hidden - 1, 0).bit_length() // 2
-    base = max(acc_bits - bench.cfg.x_width + 1, 0)
-    return (base, base, bench.cfg.x_width - 2)
 
 
 @cocotb.test()
@@ -224,7 +140,7 @@ async def test_ffn_slice_and_lut_reprogramming(dut, gap, stall):
     for table, (inter, hidden) in zip(tables, sizes):
         await bench.write_lut(table)
         x = bench.vector(hidden)
-        bench.ffn(*_ffn_weights(bench, inter, hidden), x, _shifts(bench, hidden))
+        bench.ffn(*bench.expert(inter, hidden), x, bench.shifts(hidden))
         await bench.drain()          # the next table is written after this command's end
     bench.check()
 
@@ -237,13 +153,13 @@ async def test_tensor_parallel_expert(dut):
     bench = _setup(dut, "tp")
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    await bench.write_lut(_silu_table(cfg))
+    await bench.write_lut(silu_table(cfg))
     hidden = min(cfg.max_cols, 2 * cfg.mults + 3)
     for parts, inter in ((2, 12), (4, 12), (6, 12), (4, 13)):
         inter = min(inter, parts * cfg.max_inter)
-        wg, wu, wd = _ffn_weights(bench, inter, hidden)
+        wg, wu, wd = bench.expert(inter, hidden)
         x = bench.vector(hidden)
-        shifts = _shifts(bench, hidden)
+        shifts = bench.shifts(hidden)
         start = len(bench.expected)
         for wg_s, wu_s, wd_s in golden.split_expert(wg, wu, wd, parts):
             bench.ffn(wg_s, wu_s, wd_s, x, shifts)
@@ -253,15 +169,6 @@ async def test_tensor_parallel_expert(dut):
         whole = golden.ffn_expert(wg, wu, wd, x, bench.table, shifts, cfg.x_width, cfg.acc_width)
         assert total == whole, f"N={parts}, I={inter}: TP sum differs from the whole expert"
     bench.check()
-
-
-def _dram_times(cfg, beats, origin):
-    """Edge before which each weight beat may not be taken, DRAM clock 0 at edge ``origin``."""
-    beat_bytes = math.ceil(cfg.mults * cfg.w_width / 8)
-    stream = Ddr4Stream(beat_bytes * beats)
-    ready = stream.beat_ready_cycles(beat_bytes, beats)
-    # A beat driven after edge e is taken at e + 1 at the earliest.
-    return stream, [origin + r - 1 for r in ready]
 
 
 def _ddr4_edges(bench, command, not_before):
@@ -280,12 +187,12 @@ async def test_ddr4_fed_weights(dut):
     bench = _setup(dut, "ddr4", stall=0.2)
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    await bench.write_lut(_silu_table(cfg))
+    await bench.write_lut(silu_table(cfg))
     rows, cols = 2 * cfg.mults + 1, cfg.max_cols
     weights = bench.weights(rows, cols)
     beats = len(golden.gemv_weight_beats(weights, cfg.mults))
     origin = edge_now()
-    stream, not_before = _dram_times(cfg, beats, origin)
+    stream, not_before = dram_times(cfg, beats, origin)
     bench.gemv(weights, bench.vector(cols), not_before=not_before)
     await bench.drain()
     taken = bench.sources["w"].sent_edges
@@ -302,7 +209,7 @@ async def test_multi_token(dut, gap, stall):
     bench = _setup(dut, f"tokens{gap}{stall}", gap=gap, stall=stall)
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    await bench.write_lut(_silu_table(cfg))
+    await bench.write_lut(silu_table(cfg))
     M, T = cfg.mults, cfg.max_tokens
     counts = sorted({1, min(2, T), T, bench.rng.randint(1, T)})
     for tokens in counts:
@@ -314,8 +221,8 @@ async def test_multi_token(dut, gap, stall):
     inter, hidden = min(cfg.max_inter, M + 1), min(cfg.max_cols, 2 * M - 1)
     for tokens in (T, bench.rng.randint(1, T)):
         xs = [bench.vector(hidden) for _ in range(tokens)]
-        bench.ffn_tokens(*_ffn_weights(bench, inter, hidden), xs, _shifts(bench, hidden))
-    bench.ffn_tokens(*_ffn_weights(bench, 1, hidden), [None] * min(2, T), _shifts(bench, hidden),
+        bench.ffn_tokens(*bench.expert(inter, hidden), xs, bench.shifts(hidden))
+    bench.ffn_tokens(*bench.expert(1, hidden), [None] * min(2, T), bench.shifts(hidden),
                      load_x=False)
     await bench.drain()
     bench.check()
@@ -327,9 +234,9 @@ async def test_reset_mid_command(dut):
     bench = _setup(dut, "reset", gap=0.3, stall=0.3)
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    await bench.write_lut(_silu_table(cfg))
+    await bench.write_lut(silu_table(cfg))
     hidden, inter = cfg.max_cols, cfg.max_inter
-    bench.ffn(*_ffn_weights(bench, inter, hidden), bench.vector(hidden), _shifts(bench, hidden))
+    bench.ffn(*bench.expert(inter, hidden), bench.vector(hidden), bench.shifts(hidden))
     await ClockCycles(dut.clk, golden.weight_beats(1, inter, hidden, cfg.mults) // 2 + 5)
     bench.stop()
     await reset_dut(dut)
@@ -375,7 +282,7 @@ async def test_cycle_exact(dut):
     bench = _setup(dut, "cycles")
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    await bench.write_lut(_silu_table(cfg))
+    await bench.write_lut(silu_table(cfg))
     hidden = min(cfg.max_cols, 2 * cfg.mults + 1)
     S = cfg.max_tokens
     plan = [(golden.OP_GEMV, 5, hidden, True, 1), (golden.OP_GEMV, 3, hidden, False, 1),
@@ -391,7 +298,7 @@ async def test_cycle_exact(dut):
         if op == golden.OP_GEMV:
             bench.gemv_tokens(bench.weights(rows, cols), xs, load_x=load_x)
         else:
-            bench.ffn_tokens(*_ffn_weights(bench, rows, cols), xs, _shifts(bench, cols),
+            bench.ffn_tokens(*bench.expert(rows, cols), xs, bench.shifts(cols),
                              load_x=load_x)
     await bench.drain()
     bench.check()
@@ -415,7 +322,7 @@ async def test_throughput(dut):
     bench = _setup(dut, "throughput")
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    await bench.write_lut(_silu_table(cfg))
+    await bench.write_lut(silu_table(cfg))
     M = cfg.mults
     rows, cols = 4 * M, cfg.max_cols
     metrics, wall = {}, time.perf_counter()
@@ -443,7 +350,7 @@ async def test_throughput(dut):
     # the previous beat, whichever is later (the core never adds a bubble of its own).
     origin = edge_now() + 1
     beats = golden.weight_beats(golden.OP_GEMV, rows, cols, M)
-    stream, not_before = _dram_times(cfg, beats, origin)
+    stream, not_before = dram_times(cfg, beats, origin)
     await run(golden.OP_GEMV, rows, cols, lambda: bench.gemv(weights, x, not_before=not_before))
     expected = _ddr4_edges(bench, (golden.OP_GEMV, rows, cols, True, 1), not_before)
     assert bench.sources["w"].sent_edges[-beats:] == expected, "DDR4-fed beats not at arrival"
@@ -461,7 +368,7 @@ async def test_throughput(dut):
         assert cycles == want, f"ideal gemv of {tokens} tokens: {cycles} cycles, expected {want}"
         metrics[f"s{tokens}_gemv_mac_util_ideal"] = round(macs / (M * cycles), 3)
         origin = edge_now() + 1
-        _, not_before = _dram_times(cfg, beats, origin)
+        _, not_before = dram_times(cfg, beats, origin)
         await run(golden.OP_GEMV, rows, cols,
                               lambda: bench.gemv_tokens(weights, xs, not_before=not_before),
                               tokens)
@@ -475,8 +382,8 @@ async def test_throughput(dut):
     # scaled down to the buffers; the four slices run in turn, the host sums their outputs.
     hidden = min(cols, 2048)
     inter = max(4, min(4 * cfg.max_inter, 768 * hidden // 2048))
-    wg, wu, wd = _ffn_weights(bench, inter, hidden)
-    x, shifts = bench.vector(hidden), _shifts(bench, hidden)
+    wg, wu, wd = bench.expert(inter, hidden)
+    x, shifts = bench.vector(hidden), bench.shifts(hidden)
     partials, slice_cycles, macs = [], [], 0
     for wg_s, wu_s, wd_s in golden.split_expert(wg, wu, wd, 4):
         first = len(bench.expected)
@@ -498,10 +405,10 @@ async def test_throughput(dut):
     for model in golden.MODELS:
         scale = max(math.ceil(model.hidden / cols), math.ceil(model.inter / 4 / cfg.max_inter))
         hidden, inter = math.ceil(model.hidden / scale), math.ceil(model.inter / scale / 4)
-        wg, wu, wd = _ffn_weights(bench, inter, hidden)
+        wg, wu, wd = bench.expert(inter, hidden)
         cycles, _ = await run(golden.OP_FFN_SLICE, inter, hidden,
                               lambda: bench.ffn(wg, wu, wd, bench.vector(hidden),
-                                                _shifts(bench, hidden)))
+                                                bench.shifts(hidden)))
         want = golden.command_cycles(golden.OP_FFN_SLICE, inter, hidden, True, M, cfg.out_depth)
         assert cycles == want, f"{model.name} slice: {cycles} cycles, expected {want}"
         metrics[f"{model.name.split('-')[0].lower()}_{hidden}x{inter}_cycles"] = cycles

@@ -8,7 +8,6 @@ waiting streams, command, weight-beat and result edges are asserted against
 :func:`golden.ndp.system_timeline`.
 """
 
-import math
 import time
 
 import cocotb
@@ -17,57 +16,18 @@ from cocotb.triggers import ClockCycles
 
 from golden import fixed
 from golden import ndp as golden
-from golden.dram import Ddr4Stream
 from hw.ndp import token_bits
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import STALL_PROFILES, StreamBench, edge_now, reset_dut, start_after_reset, wait_for
+from tb.ndp_bench import NdpBenchBase, dram_times, silu_table
+from tb.streams import STALL_PROFILES, edge_now, reset_dut, start_after_reset, wait_for
 
 
-class SystemBench(StreamBench):
+class SystemBench(NdpBenchBase):
     """Sources on ``cmd``, ``x``, ``lut`` and every DIMM's ``w__<d>``, a sink on ``y``."""
 
     def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
         self.weight_ports = [f"w__{d}" for d in range(config.dimms)]
-        super().__init__(dut, component, rng, ("cmd", "x", "lut", *self.weight_ports), ("y",),
-                         gap, stall)
-        self.cfg = config
-        self.y = self.sinks["y"]
-        self.table = [0] * (1 << config.x_width)
-        self.x_buffer = []           # per token, what every DIMM's activation buffer holds
-        self.expected = []           # (value, last)
-        self.queued_beats = 0        # x and weight beats queued since the last drain
-
-    def matrix(self, rows, cols):
-        low, high = fixed.signed_limits(self.cfg.w_width)
-        return np.array([[self.rng.randint(low, high) for _ in range(cols)] for _ in range(rows)],
-                        dtype=np.int64)
-
-    def expert(self, inter, hidden):
-        return self.matrix(inter, hidden), self.matrix(inter, hidden), self.matrix(hidden, inter)
-
-    def vector(self, length):
-        low, high = fixed.signed_limits(self.cfg.x_width)
-        return [self.rng.randint(low, high) for _ in range(length)]
-
-    def _pad(self, width):
-        low, high = fixed.signed_limits(width)
-        return lambda: self.rng.randint(low, high)
-
-    def shifts(self, hidden):
-        """Shifts that keep g and u mostly inside the x range (some saturate)."""
-        acc_bits = (self.cfg.w_width + self.cfg.x_width - 2 +
-                    max(hidden - 1, 0).bit_length() // 2)
-        base = max(acc_bits - self.cfg.x_width + 1, 0)
-        return (base, base, self.cfg.x_width - 2)
-
-    async def write_lut(self, table):
-        """Write the activation table (broadcast to every DIMM) once every command is done."""
-        await self.drain()
-        for index, value in enumerate(table):
-            self.sources["lut"].send({"index": index, "value": value})
-        self.table = list(table)
-        await wait_for(self.dut, lambda: self.sources["lut"].idle, 4 * len(table) + 100,
-                       "LUT written")
+        super().__init__(dut, config, component, rng, self.weight_ports, gap, stall)
 
     def run_expert(self, wg, wu, wd, xs, shifts, load_x=True, not_before=None):
         """Queue one expert over the tokens ``xs`` (``None`` entries: reuse the buffer);
@@ -76,56 +36,21 @@ class SystemBench(StreamBench):
         self.sources["cmd"].send({"load_x": int(load_x), "rows": inter, "cols": hidden,
                                   "shift_g": shifts[0], "shift_u": shifts[1],
                                   "shift_h": shifts[2], "tokens": len(xs)})
-        if load_x:
-            for token, x in enumerate(xs):
-                if token == len(self.x_buffer):
-                    self.x_buffer.append([])
-                for index, beat in enumerate(golden.vector_beats(
-                        x[:hidden], self.cfg.mults, self._pad(self.cfg.x_width))):
-                    self.sources["x"].send({"x": beat})
-                    start = index * self.cfg.mults
-                    self.x_buffer[token][start:start + len(beat)] = beat
-        xs = [self.x_buffer[t][:hidden] for t in range(len(xs))]
+        xs = self.send_x(xs, hidden, load_x)
         slices = golden.system_weight_beats(wg, wu, wd, self.cfg.dimms, self.cfg.mults,
-                                            self._pad(self.cfg.w_width))
-        self.queued_beats += len(xs) * (max(len(b) for b in slices) +
-                                        math.ceil(hidden / self.cfg.mults))
+                                            self.pad(self.cfg.w_width))
         for d, beats in enumerate(slices):
-            for j, beat in enumerate(beats):
-                self.sources[self.weight_ports[d]].send(
-                    {"w": beat}, 0 if not_before is None else not_before[d][j])
-        values = golden.system_expert_tokens(wg, wu, wd, xs, self.table, shifts,
-                                             self.cfg.x_width, self.cfg.acc_width)
-        self.expected += [(v, int(i == len(values) - 1)) for i, v in enumerate(values)]
-
-    async def drain(self, budget=None):
-        # A deadlock detector: generous for the slowest gap/stall profile.
-        budget = budget or 60 * len(self.expected) + 20 * self.queued_beats + 6000
-        self.queued_beats = 0
-        await wait_for(self.dut, lambda: len(self.y.received) == len(self.expected), budget,
-                       "every result out")
-        await wait_for(self.dut, lambda: not self.dut.busy.value, 200, "system idle")
-        await ClockCycles(self.dut.clk, 5)
-
-    def results(self):
-        return [(int(beat.data), int(beat.last)) for _, beat in self.y.received]
-
-    def check(self):
-        got = self.results()
-        assert len(got) == len(self.expected), f"{len(got)} results, expected {len(self.expected)}"
-        for index, (have, want) in enumerate(zip(got, self.expected)):
-            assert have == want, f"result {index}: got {have}, expected {want}"
-        assert not self.dut.error.value, "error flag set by valid commands"
+            # The DIMMs run side by side: count the longest slice once.
+            self.send_weights(self.weight_ports[d], beats,
+                              None if not_before is None else not_before[d],
+                              len(xs) if d == 0 else 0)
+        self.expect(golden.system_expert_tokens(wg, wu, wd, xs, self.table, shifts,
+                                                self.cfg.x_width, self.cfg.acc_width))
 
 
 def _setup(dut, salt, **kwargs):
     _, config, component = load_dut_config()
     return SystemBench(dut, config, component, make_rng(salt), **kwargs)
-
-
-def _silu_table(cfg):
-    frac = max(cfg.x_width - 4, 0)
-    return golden.activation_lut("silu", cfg.x_width, frac, frac)
 
 
 def _sizes(cfg, rng):
@@ -148,7 +73,7 @@ async def test_expert_split_and_reduced(dut, gap, stall):
     bench = _setup(dut, f"split{gap}{stall}", gap=gap, stall=stall)
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    await bench.write_lut(_silu_table(cfg))
+    await bench.write_lut(silu_table(cfg))
     T = cfg.max_tokens
     counts = [1, min(2, T), T, bench.rng.randint(1, T)]
     for index, (inter, hidden) in enumerate(_sizes(cfg, bench.rng)):
@@ -194,7 +119,7 @@ async def test_cycle_exact(dut):
     bench = _setup(dut, "cycles")
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    await bench.write_lut(_silu_table(cfg))
+    await bench.write_lut(silu_table(cfg))
     N, T = cfg.dimms, cfg.max_tokens
     hidden = min(cfg.max_cols, 2 * cfg.mults + 1)
     plan = [(min(2 * N + 1, N * cfg.max_inter), hidden, True, 1),
@@ -229,7 +154,7 @@ async def test_reset_mid_expert(dut):
     bench = _setup(dut, "reset", gap=0.3, stall=0.3)
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    await bench.write_lut(_silu_table(cfg))
+    await bench.write_lut(silu_table(cfg))
     inter, hidden = cfg.dimms * cfg.max_inter, cfg.max_cols
     bench.run_expert(*bench.expert(inter, hidden), [bench.vector(hidden)], bench.shifts(hidden))
     slice_beats = golden.weight_beats(golden.OP_FFN_SLICE, cfg.max_inter, hidden, cfg.mults)
@@ -254,7 +179,7 @@ async def test_bad_commands_set_sticky_error(dut):
     bench = _setup(dut, "bad")
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    await bench.write_lut(_silu_table(cfg))     # the table outlives resets: write a known one
+    await bench.write_lut(silu_table(cfg))     # the table outlives resets: write a known one
     N = cfg.dimms
     bad = [(N - 1, 4, 1), (N * cfg.max_inter + 1, 4, 1), (N, 0, 1), (N, cfg.max_cols + 1, 1),
            (N, 1, 0)]
@@ -272,13 +197,6 @@ async def test_bad_commands_set_sticky_error(dut):
     assert bench.results() == bench.expected and dut.error.value == 1, "error not sticky"
 
 
-def _dram_times(cfg, beats, origin):
-    """Edge after which each weight beat may be offered, DRAM clock 0 at edge ``origin``."""
-    beat_bytes = math.ceil(cfg.mults * cfg.w_width / 8)
-    ready = Ddr4Stream(beat_bytes * beats).beat_ready_cycles(beat_bytes, beats)
-    return [origin + r - 1 for r in ready]
-
-
 @cocotb.test()
 async def test_ddr4_fed_dimms(dut):
     """Each DIMM's weights arrive as its own DDR4-3200 channel delivers them, with output
@@ -286,11 +204,11 @@ async def test_ddr4_fed_dimms(dut):
     bench = _setup(dut, "ddr4", stall=0.2)
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    await bench.write_lut(_silu_table(cfg))
+    await bench.write_lut(silu_table(cfg))
     inter, hidden = min(2 * cfg.dimms + 1, cfg.dimms * cfg.max_inter), cfg.max_cols
     wg, wu, wd = bench.expert(inter, hidden)
     origin = edge_now()
-    not_before = [_dram_times(cfg, len(beats), origin)
+    not_before = [dram_times(cfg, len(beats), origin)[1]
                   for beats in golden.system_weight_beats(wg, wu, wd, cfg.dimms, cfg.mults)]
     tokens = min(2, cfg.max_tokens)
     bench.run_expert(wg, wu, wd, [bench.vector(hidden) for _ in range(tokens)],
@@ -311,7 +229,7 @@ async def test_throughput(dut):
     bench = _setup(dut, "throughput")
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    await bench.write_lut(_silu_table(cfg))
+    await bench.write_lut(silu_table(cfg))
     N, M = cfg.dimms, cfg.mults
     hidden = min(cfg.max_cols, 2048)
     inter = max(N, min(N * cfg.max_inter, 768 * hidden // 2048))
