@@ -15,6 +15,7 @@ from pathlib import Path
 
 from flows.activity import tier_activity
 from flows.bare import bare_cycles_per_second
+from flows.pnr import fmax_text, pnr_block
 from flows.reports import model_reports, table
 from flows.sim import BUFFERED_PREFIX, SimFailure, buffered_tests, run_tests
 from flows.synth import SynthError, synthesize
@@ -54,6 +55,17 @@ def _speeds(record, simulator):
     return text
 
 
+def _pnr_figures(block, config):
+    """Fmax and device use on an ECP5-85F (``flows.pnr``), or the one-line reason it failed
+    (a design larger than the device does not place)."""
+    try:
+        r = pnr_block(block, config, "ecp5")
+    except SynthError as failure:
+        return {"error": str(failure).splitlines()[-1][:200]}
+    return {k: r[k] for k in ("fmax_mhz", "luts", "flip_flops", "block_rams", "dsps",
+                              "critical_path", "device", "seed")}
+
+
 def run_bench(output, blocks=None):
     """Run the benchmarks (of ``blocks``, names, or every block); print a table and write
     ``output`` (JSON). Returns the exit status.
@@ -84,6 +96,8 @@ def run_bench(output, blocks=None):
         record["synth_generic"] = {k: area[k] for k in ("cells", "flip_flops", "luts", "dsps",
                                                          "abc")}
         record[f"cells_per_{block.area_unit}"] = area["cells"] / units
+        print(f"bench: {block.name} {label} place and route (nextpnr, ecp5)", flush=True)
+        record["pnr_ecp5"] = _pnr_figures(block, config)
         if block.tiers is not None:
             print(f"bench: {block.name} {label} switching activity per tier (VCD)", flush=True)
             record["tier_activity"] = tier_activity(block, config)
@@ -94,10 +108,11 @@ def run_bench(output, blocks=None):
         rows.append((block.name, label, _metrics_text(figures["metrics"]),
                      _speeds(record, "verilator"),
                      f"{bare:.0f} ({fastest / bare:.3f})", _speeds(record, "icarus"),
-                     area["cells"], f"{area['cells'] / units:.0f}/{block.area_unit}"))
+                     area["cells"], f"{area['cells'] / units:.0f}/{block.area_unit}",
+                     fmax_text(record.get("pnr_ecp5"))))
     print(table(["block", "params", "measured (cycle-exact)", "verilator cyc/s",
                   "bare verilator cyc/s (fastest bench/bare)", "icarus cyc/s", "cells",
-                  "cells per unit"], rows))
+                  "cells per unit", "ECP5 Fmax"], rows))
     print("cyc/s: simulated cycles per wall second of test_throughput on the per-cycle bench, "
           "and after '|' of test_buffered_throughput on the buffered harness (tb.buffered)")
     for record in records:

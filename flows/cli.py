@@ -141,6 +141,8 @@ def cmd_synth(args):
     block, config = _block_and_config(args)
     if args.three_d:
         return _synth_3d(block, config, args.target)
+    if args.pnr:
+        return _synth_pnr(block, config, args.target, args.seed)
     try:
         report = synthesize(block, config, args.target)
     except SynthError as failure:
@@ -150,6 +152,28 @@ def cmd_synth(args):
                  [(block.name, args.target, report["cells"], report["flip_flops"],
                    report["luts"], report["dsps"])]))
     print(f"report: {report['json']}")
+    return 0
+
+
+def _synth_pnr(block, config, target, seed):
+    from flows.pnr import DEVICE, pnr_block
+    from flows.synth import SynthError
+    if target not in DEVICE:
+        print(f"moegen: error: --pnr: target {target!r} not supported; allowed: "
+              f"{', '.join(DEVICE)} (nextpnr-ice40 cannot place out of context)", file=sys.stderr)
+        return 2
+    try:
+        r = pnr_block(block, config, target, seed)
+    except SynthError as failure:
+        print(f"moegen: FAILED: {failure}", file=sys.stderr)
+        return 1
+    path = r["critical_path"]
+    print(table(["block", "device", "Fmax MHz", "LUTs", "FFs", "block RAMs", "DSPs"],
+                [(block.name, r["device"], r["fmax_mhz"], r["luts"], r["flip_flops"],
+                  r["block_rams"], r["dsps"])]))
+    print(f"critical path: {path['from']} -> {path['to']}, {path['logic_levels']} logic levels, "
+          f"{path['delay_ns']} ns ({path['logic_ns']} ns in logic); seed {r['seed']}")
+    print(f"report: {r['json']}")
     return 0
 
 
@@ -305,6 +329,9 @@ def _parser():
     p.add_argument("--target", default="generic", choices=["generic", "ice40", "ecp5"])
     p.add_argument("--3d", dest="three_d", action="store_true",
                    help="cells per tier, bonds and footprint against the 2D build")
+    p.add_argument("--pnr", action="store_true",
+                   help="place and route with nextpnr (ecp5): Fmax, critical path, device use")
+    p.add_argument("--seed", type=int, default=1, help="nextpnr's placement seed (--pnr)")
     p.set_defaults(func=cmd_synth)
     sub.add_parser("doctor", help="check the toolchain").set_defaults(func=cmd_doctor)
     p = sub.add_parser("bench", help="cycles, utilization, sim speed and area per block")

@@ -18,6 +18,7 @@ import json
 import re
 from pathlib import Path
 
+from flows.pnr import fmax_text
 from flows.toolchain import REPO_ROOT
 from hw.params import describe, format_value, parse_params
 from hw.registry import all_blocks, get_block
@@ -76,17 +77,20 @@ def _figures_table(name, bench):
                      _speed(r, "icarus"),
                      f"{area['cells']:,}{mapped}", f"{area['flip_flops']:,}",
                      f"{area['luts']:,}{mapped}",
-                     f"{area['cells'] / units:,.0f} per {block.area_unit}"))
+                     f"{area['cells'] / units:,.0f} per {block.area_unit}",
+                     fmax_text(r.get("pnr_ecp5"))))
     when = records[0].get("generated", bench.get("generated", "?"))
     note = (f"From `make bench` of {when} (docs/bench.json): figures "
             "measured by `test_throughput` on Verilator and asserted against the golden cycle "
             "model; simulated cycles per wall-clock second on both simulators (noisy: compare "
             "within one run; after a `|`, `test_buffered_throughput` on the buffered harness, "
             "`tb/buffered.py`); Yosys generic synthesis (`synth -lut 4`, the logic mapped by ABC "
-            "unless marked gate by gate: an unoptimized upper bound).\n\n")
+            "unless marked gate by gate: an unoptimized upper bound); ECP5 Fmax: nextpnr on an "
+            "LFE5U-85F-6 out of context, seed 1 (`moegen synth BLOCK --target ecp5 --pnr`; a dash: "
+            "not measured in that run).\n\n")
     text = note + _md_table(["params", "measured (cycle-exact)", "Verilator cycles/s",
-                             "Icarus cycles/s", "cells", "flip-flops", "LUTs", "cells per unit"],
-                            rows)
+                             "Icarus cycles/s", "cells", "flip-flops", "LUTs", "cells per unit",
+                             "ECP5 Fmax"], rows)
     for r in records:
         if "tier_activity" in r:
             act = r["tier_activity"]

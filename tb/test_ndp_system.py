@@ -111,6 +111,26 @@ async def test_lut_broadcast_and_extremes(dut):
 
 
 @cocotb.test()
+async def test_every_shift(dut):
+    """Every requantization shift from 0 to 31 of g and of h, with u shifted by 0..7 (a larger
+    shift of u leaves u's code 0 or -1 and hides h's rounding): the rounding constant and the
+    saturation of every shift reach the result, in every DIMM."""
+    bench = _setup(dut, "shifts")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    await bench.write_lut([bench.rng.randint(*fixed.signed_limits(cfg.x_width))
+                           for _ in range(1 << cfg.x_width)])
+    inter, hidden = min(2 * cfg.dimms, cfg.dimms * cfg.max_inter), min(cfg.max_cols, 3)
+    tokens = min(3, cfg.max_tokens)
+    for shift in range(32):
+        shifts = (shift, shift % 8, (shift + 16) % 32)
+        bench.run_expert(*bench.expert(inter, hidden),
+                         [bench.vector(hidden) for _ in range(tokens)], shifts)
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
 async def test_cycle_exact(dut):
     """Back-to-back experts with waiting streams and a ready output: every command, every
     DIMM's weight beats and every result land on the edges :func:`golden.ndp.system_timeline`
@@ -192,7 +212,8 @@ async def test_bad_commands_set_sticky_error(dut):
         await ClockCycles(dut.clk, 3)
         assert dut.error.value == 1, f"no error for rows={rows} cols={cols} S={tokens}"
         assert not dut.busy.value and not dut.x__ready.value, "a bad command started"
-    bench.run_expert(*bench.expert(N, 3), [bench.vector(3)], bench.shifts(3))
+    hidden = min(3, cfg.max_cols)
+    bench.run_expert(*bench.expert(N, hidden), [bench.vector(hidden)], bench.shifts(hidden))
     await bench.drain()
     assert bench.results() == bench.expected and dut.error.value == 1, "error not sticky"
 

