@@ -17,9 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flows import toolchain
-from flows.synth import SynthError, summarize, synthesize_files
-from flows.verilog import config_key, generate, write_if_changed
+from flows.synth import SynthError, prepare, summarize, synthesize_files
+from flows.verilog import write_if_changed
 
 __all__ = ["DEVICE", "place_and_route", "pnr_block", "read_report", "fmax_text"]
 
@@ -80,10 +79,7 @@ def pnr_block(block, config, target="ecp5", seed=1, out_dir=None):
     synthesis cell counts, are written to ``BLOCK.TARGET.pnr.json`` (path under ``json``)."""
     if target not in DEVICE:
         raise ValueError(f"target {target!r}: place and route supports {', '.join(DEVICE)}")
-    toolchain.activate()
-    key = config_key(block, config)
-    out_dir = Path(out_dir) if out_dir else toolchain.BUILD_ROOT / "synth" / f"{block.name}-{key}"
-    v_path, _, info = generate(block, config, out_dir)
+    out_dir, v_path, info = prepare(block, config, out_dir)
     netlist = out_dir / f"{block.name}.{target}.netlist.json"
     cells = synthesize_files([v_path], block.name, target, out_dir, block.name,
                              flatten=True, netlist=netlist.name)

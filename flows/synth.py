@@ -17,7 +17,7 @@ from pathlib import Path
 from flows import toolchain
 from flows.verilog import config_key, generate, write_if_changed
 
-__all__ = ["TARGETS", "synthesize", "synthesize_files", "summarize", "SynthError"]
+__all__ = ["TARGETS", "synthesize", "synthesize_files", "summarize", "prepare", "SynthError"]
 
 TARGETS = {
     # Power-on values dropped first (after `proc`, which turns the Verilog initializers into
@@ -88,6 +88,16 @@ def synthesize_files(paths, top, target, out_dir, stem, flatten=True, abc=True, 
             if k.lstrip("\\") not in modules}
 
 
+def prepare(block, config, out_dir=None):
+    """The folder of a configuration's synthesis runs (``build/synth/BLOCK-KEY`` by default)
+    with its Verilog generated there; returns ``(out_dir, verilog_path, manifest)``."""
+    toolchain.activate()
+    key = config_key(block, config)
+    out_dir = Path(out_dir) if out_dir else toolchain.BUILD_ROOT / "synth" / f"{block.name}-{key}"
+    v_path, _, info = generate(block, config, out_dir)
+    return out_dir, v_path, info
+
+
 def synthesize(block, config, target="generic", out_dir=None):
     """Synthesize ``block`` with ``config`` for ``target``.
 
@@ -99,10 +109,7 @@ def synthesize(block, config, target="generic", out_dir=None):
     """
     if target not in TARGETS:
         raise ValueError(f"target {target!r}: unknown; allowed: {', '.join(TARGETS)}")
-    toolchain.activate()
-    key = config_key(block, config)
-    out_dir = Path(out_dir) if out_dir else toolchain.BUILD_ROOT / "synth" / f"{block.name}-{key}"
-    v_path, _, info = generate(block, config, out_dir)
+    out_dir, v_path, info = prepare(block, config, out_dir)
     cell_counts = synthesize_files([v_path], block.name, target, out_dir, block.name,
                                    flatten=block.flatten(config), abc=block.abc(config))
     report = {"block": block.name, "target": target, "params": info["params"],
