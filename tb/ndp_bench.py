@@ -10,7 +10,7 @@ from cocotb.triggers import ClockCycles
 from golden import fixed
 from golden import ndp as golden
 from golden.dram import Ddr4Stream
-from tb.streams import StreamBench, wait_for
+from tb.streams import StreamBench, reset_dut, wait_for
 
 __all__ = ["NdpBenchBase", "silu_table", "dram_times"]
 
@@ -92,6 +92,16 @@ class NdpBenchBase(StreamBench):
 
     def expect(self, values):
         self.expected += [(int(v), int(i == len(values) - 1)) for i, v in enumerate(values)]
+
+    async def reset_mid_job(self):
+        """Reset the block in the middle of its work, drivers stopped around it: afterwards
+        nothing is busy or offered, and what was expected or received before is forgotten."""
+        self.stop()
+        await reset_dut(self.dut)
+        assert not self.dut.busy.value and not self.dut.y__valid.value, "state survived the reset"
+        self.y.received.clear()
+        self.expected.clear()
+        self.start()
 
     # --- checks ----------------------------------------------------------------------------
     async def drain(self, budget=None):
