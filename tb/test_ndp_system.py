@@ -16,7 +16,7 @@ from cocotb.triggers import ClockCycles
 
 from golden import fixed
 from golden import ndp as golden
-from hw.ndp import token_bits
+from hw.ndp import COUNT_BITS, token_bits
 from tb.harness import load_dut_config, make_rng, write_throughput
 from tb.ndp_bench import NdpBenchBase, dram_times, silu_table
 from tb.streams import STALL_PROFILES, edge_now, start_after_reset, wait_for
@@ -48,6 +48,12 @@ class SystemBench(NdpBenchBase):
                                                 self.cfg.x_width, self.cfg.acc_width))
 
 
+def _largest(cfg):
+    """The largest expert a command can name: N * max_inter rows, at most what the 16-bit
+    ``rows`` field holds."""
+    return min(cfg.dimms * cfg.max_inter, (1 << COUNT_BITS) - 1)
+
+
 def _setup(dut, salt, **kwargs):
     _, config, component = load_dut_config()
     return SystemBench(dut, config, component, make_rng(salt), **kwargs)
@@ -55,9 +61,9 @@ def _setup(dut, salt, **kwargs):
 
 def _sizes(cfg, rng):
     """Expert sizes (I, D): I a multiple of N, one over (uneven), I = N (one row per DIMM), the
-    largest I (N * max_inter), D from 1 to max_cols."""
+    largest I (:func:`_largest`), D from 1 to max_cols."""
     N, M = cfg.dimms, cfg.mults
-    top = N * cfg.max_inter
+    top = _largest(cfg)
     inters = sorted({N, min(2 * N, top), min(2 * N + 1, top), min(N * M + N - 1, top), top})
     hiddens = [1, min(M + 1, cfg.max_cols), cfg.max_cols, rng.randint(1, cfg.max_cols)]
     return [(inter, hiddens[i % len(hiddens)]) for i, inter in enumerate(inters)]
@@ -99,7 +105,7 @@ async def test_lut_broadcast_and_extremes(dut):
                            for _ in range(1 << cfg.x_width)])
     w_min, w_max = fixed.signed_limits(cfg.w_width)
     x_min, x_max = fixed.signed_limits(cfg.x_width)
-    inter, hidden = cfg.dimms * cfg.max_inter, cfg.max_cols
+    inter, hidden = _largest(cfg), cfg.max_cols
     for w_value, x_value, shifts in ((w_min, x_min, (0, 0, 0)), (w_max, x_min, (31, 0, 31)),
                                      (w_min, x_max, (0, 31, 0))):
         wg, wu, wd = (np.full(shape, w_value, dtype=np.int64)
@@ -144,7 +150,7 @@ async def test_cycle_exact(dut):
     hidden = min(cfg.max_cols, 2 * cfg.mults + 1)
     plan = [(min(2 * N + 1, N * cfg.max_inter), hidden, True, 1),
             (N, hidden, False, 1),
-            (N * cfg.max_inter, hidden, True, T),
+            (_largest(cfg), hidden, True, T),
             (min(N + 1, N * cfg.max_inter), 1, True, T),
             (min(3 * N - 1, N * cfg.max_inter), hidden, False, max(1, T // 2))]
     for inter, cols, load_x, tokens in plan:
@@ -175,9 +181,10 @@ async def test_reset_mid_expert(dut):
     await start_after_reset(dut, bench)
     cfg = bench.cfg
     await bench.write_lut(silu_table(cfg))
-    inter, hidden = cfg.dimms * cfg.max_inter, cfg.max_cols
+    inter, hidden = _largest(cfg), cfg.max_cols
     bench.run_expert(*bench.expert(inter, hidden), [bench.vector(hidden)], bench.shifts(hidden))
-    slice_beats = golden.weight_beats(golden.OP_FFN_SLICE, cfg.max_inter, hidden, cfg.mults)
+    slice_beats = golden.weight_beats(golden.OP_FFN_SLICE, -(-inter // cfg.dimms), hidden,
+                                      cfg.mults)
     await ClockCycles(dut.clk, slice_beats // 2 + 5)
     await bench.reset_mid_job()
     inter = min(cfg.dimms + 1, cfg.dimms * cfg.max_inter)
@@ -196,8 +203,10 @@ async def test_bad_commands_set_sticky_error(dut):
     cfg = bench.cfg
     await bench.write_lut(silu_table(cfg))     # the table outlives resets: write a known one
     N = cfg.dimms
-    bad = [(N - 1, 4, 1), (N * cfg.max_inter + 1, 4, 1), (N, 0, 1), (N, cfg.max_cols + 1, 1),
+    bad = [(N - 1, 4, 1), (N, 0, 1), (N, cfg.max_cols + 1, 1),
            (N, 1, 0)]
+    if N * cfg.max_inter + 1 < 1 << COUNT_BITS:       # a slice over max_inter, if it fits
+        bad.append((N * cfg.max_inter + 1, 4, 1))
     if cfg.max_tokens + 1 < 1 << token_bits(cfg):
         bad.append((N, 1, cfg.max_tokens + 1))
     for rows, cols, tokens in bad:
