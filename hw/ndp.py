@@ -456,10 +456,8 @@ class NdpSystemConfig:
         validate(self)
 
     def core_config(self):
-        return NdpConfig(mults=self.mults, w_width=self.w_width, x_width=self.x_width,
-                         acc_width=self.acc_width, max_cols=self.max_cols,
-                         max_inter=self.max_inter, out_depth=self.out_depth,
-                         max_tokens=self.max_tokens)
+        """Every DIMM's ``ndp_core`` configuration: the fields the two share."""
+        return NdpConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(NdpConfig)})
 
 
 def system_command_layout(config):

@@ -151,14 +151,18 @@ def test_ddr4_checker_catches_violations(commands, rule):
     assert any(rule in error for error in check_trace(commands))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"mults": 0}, "parameter 'mults': got 0; allowed: an integer in 1..128"),
-    ({"x_width": 11}, "parameter 'x_width': got 11; allowed: an integer in 2..10"),
-    ({"out_depth": 1}, "parameter 'out_depth': got 1; allowed: an integer in 2..256"),
+@pytest.mark.parametrize("config, kwargs, message", [
+    (NdpConfig, {"mults": 0}, "parameter 'mults': got 0; allowed: an integer in 1..128"),
+    (NdpConfig, {"x_width": 11}, "parameter 'x_width': got 11; allowed: an integer in 2..10"),
+    (NdpConfig, {"out_depth": 1}, "parameter 'out_depth': got 1; allowed: an integer in 2..256"),
+    (NdpSystemConfig, {"dimms": 0}, "parameter 'dimms': got 0; allowed: an integer in 1..8"),
+    (NdpSystemConfig, {"dimms": 9}, "parameter 'dimms': got 9; allowed: an integer in 1..8"),
+    (NdpSystemConfig, {"max_tokens": 65},
+     "parameter 'max_tokens': got 65; allowed: an integer in 1..64"),
 ])
-def test_config_rejects_bad_values(kwargs, message):
+def test_config_rejects_bad_values(config, kwargs, message):
     with pytest.raises(ParamError) as info:
-        NdpConfig(**kwargs)
+        config(**kwargs)
     assert str(info.value) == message
 
 
@@ -247,17 +251,6 @@ def test_system_golden_is_the_unsplit_expert():
         partials = [golden.ffn_slice_tokens(g, u, d, xs, lut, (3, 3, 4), 6, 16)
                     for g, u, d in golden.split_expert(wg, wu, wd, parts)]
         assert [fixed.wrap(v, 16) for v in np.array(partials, dtype=object).sum(0)] == want
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    ({"dimms": 0}, "parameter 'dimms': got 0; allowed: an integer in 1..8"),
-    ({"dimms": 9}, "parameter 'dimms': got 9; allowed: an integer in 1..8"),
-    ({"max_tokens": 65}, "parameter 'max_tokens': got 65; allowed: an integer in 1..64"),
-])
-def test_system_config_rejects_bad_values(kwargs, message):
-    with pytest.raises(ParamError) as info:
-        NdpSystemConfig(**kwargs)
-    assert str(info.value) == message
 
 
 # --- schedule model (flows/ndp_schedule.py) ----------------------------------------------------
