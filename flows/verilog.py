@@ -12,7 +12,7 @@ from amaranth.back import verilog
 from amaranth.hdl import Shape
 from amaranth.lib import data, wiring
 
-__all__ = ["generate", "convert", "manifest", "port_list", "config_key", "write_if_changed",
+__all__ = ["generate", "convert", "naming", "module_names", "IDENTIFIER", "manifest", "port_list", "config_key", "write_if_changed",
            "generator_digest", "file_digest", "is_fresh"]
 
 
@@ -127,10 +127,57 @@ def _settle_at_time_zero(text):
                                      f"{m.group(1)}`endif"), text)
 
 
-def convert(component, name):
-    """Verilog text of ``component`` as module ``name`` (the Icarus time-0 settle included)."""
-    return _settle_at_time_zero(verilog.convert(component, name=name, emit_src=False,
-                                                strip_internal_attrs=True))
+_MODULE = re.compile(r"^module (\\?[^\s(]+)", re.MULTILINE)
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _plain_module_names(text, top, prefix):
+    """Rename every submodule Yosys writes as an escaped hierarchical name (``\\top.a.b``) to
+    the plain identifier ``prefix__a__b``, so that two configurations (two prefixes) can live in
+    one design and tools that dislike escaped names read it."""
+    mapping = {}
+    for name in _MODULE.findall(text):
+        if name == top:
+            continue
+        if not name.startswith(f"\\{top}."):
+            raise ValueError(f"unexpected module name {name!r} in the Verilog of {top!r}")
+        path = name[len(top) + 2:].split(".")
+        mapping[name] = re.sub(r"[^A-Za-z0-9_]", "_", "__".join([prefix, *path]))
+    if len(set(mapping.values()) | {top}) != len(mapping) + 1:
+        raise ValueError(f"submodule names of {top!r} collide once made plain identifiers")
+    if not mapping:
+        return text
+    pattern = re.compile("|".join(re.escape(name) for name in
+                                  sorted(mapping, key=len, reverse=True)) + r"(?=\s)")
+    return pattern.sub(lambda match: mapping[match.group(0)], text)
+
+
+def convert(component, name, prefix=None):
+    """Verilog text of ``component`` as module ``name``, every submodule renamed to the plain
+    identifier ``<prefix>__<path>`` (``prefix`` defaults to ``name``); the Icarus time-0 settle
+    included."""
+    text = verilog.convert(component, name=name, emit_src=False, strip_internal_attrs=True)
+    return _settle_at_time_zero(_plain_module_names(text, name, prefix or name))
+
+
+def module_names(text):
+    """The names of the modules a Verilog text defines, in order."""
+    return _MODULE.findall(text)
+
+
+def naming(block, config, prefix=None):
+    """``(top module, submodule prefix)`` of a generation: by default the top keeps the block's
+    name and the submodules take ``<block>_<hash of the configuration>``, so that they never
+    clash with another configuration's; ``prefix`` names both (``auto``: that derived name)."""
+    derived = f"{block.name}_{config_key(block, config)[:8]}"
+    if prefix is None:
+        return block.name, derived
+    if prefix == "auto":
+        return derived, derived
+    if not IDENTIFIER.fullmatch(prefix):
+        raise ValueError(f"prefix {prefix!r}: a plain Verilog identifier is needed "
+                         "(letters, digits, _; not starting with a digit) or 'auto'")
+    return prefix, prefix
 
 
 def file_digest(*paths):
@@ -159,8 +206,9 @@ def generator_digest():
     return digest.hexdigest()
 
 
-def generate(block, config, out_dir):
-    """Write ``out_dir/<block>.v`` (top module ``<block>``) and ``out_dir/<block>.json``.
+def generate(block, config, out_dir, prefix=None):
+    """Write ``out_dir/<block>.v`` (top module ``<block>``, or as :func:`naming` gives for
+    ``prefix``) and ``out_dir/<block>.json``.
 
     A folder already holding them for the same block, configuration and generator sources
     (``<block>.stamp``) is reused as it is: the simulators, synthesis and the 3D flow of one
@@ -174,12 +222,15 @@ def generate(block, config, out_dir):
     out_dir = Path(out_dir)
     v_path, j_path = out_dir / f"{block.name}.v", out_dir / f"{block.name}.json"
     stamp_path = out_dir / f"{block.name}.stamp"
-    stamp = f"{config_key(block, config)} {generator_digest()}\n"
+    top, sub_prefix = naming(block, config, prefix)
+    stamp = f"{config_key(block, config)} {top} {sub_prefix} {generator_digest()}\n"
     if is_fresh(stamp_path, stamp, (v_path, j_path)):
         return v_path, j_path, json.loads(j_path.read_text())
     component = block.build(config)
-    text = convert(component, block.name)
+    text = convert(component, top, sub_prefix)
     info = manifest(block, config, component)
+    info["top"] = top
+    info["modules"] = module_names(text)
     write_if_changed(v_path, text)
     write_if_changed(j_path, json.dumps(info, indent=2) + "\n")
     stamp_path.write_text(stamp)

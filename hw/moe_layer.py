@@ -521,6 +521,7 @@ class ExpertChiplet(TieredComponent):
             return [job.base.eq(base), job.bounds[0].eq(beats), job.strides[0].eq(V),
                     job.lane_stride.eq(1), job.pred_lo.eq(0),
                     job.pred_hi.eq(pmu_cfg.banks * pmu_cfg.bank_depth), job.diagonal.eq(0),
+                    job.row_shift.eq(0), job.wait_other.eq(0),
                     *[job.bank_pos[b].eq(b) for b in range(pmu_cfg.bank_bits)]]
 
         # --- activation table: 2**in_width signed entries, zero at start-up, kept through reset

@@ -225,7 +225,8 @@ class NdpCore(ConfiguredComponent):
         in_meta = Signal(meta_layout)
         w_reg = Signal(data.ArrayLayout(signed(cfg.w_width), M))
         meta1 = Signal(meta_layout)
-        m.d.sync += [meta1.eq(in_meta), meta1.valid.eq(issue)]
+        m.d.comb += in_meta.valid.eq(issue)
+        m.d.sync += meta1.eq(in_meta)
         with m.If(take):
             m.d.sync += w_reg.eq(self.w.payload.w)
         m.d.comb += [x_read.addr.eq(x_base + chunk), h_read.addr.eq(h_base + chunk)]
@@ -527,7 +528,8 @@ class NdpSystem(ConfiguredComponent):
                 core.cmd.valid.eq(self.cmd.valid & all_idle & ~bad),
                 core.cmd.payload.op.eq(golden.OP_FFN_SLICE),
                 core.cmd.payload.load_x.eq(cmd.load_x),
-                core.cmd.payload.rows.eq(base + (d < extra)),
+                # DIMM d takes one of the I mod N extra rows when d < I mod N (never the last).
+                core.cmd.payload.rows.eq(base + (d < extra if d < N - 1 else 0)),
                 core.cmd.payload.cols.eq(cmd.cols),
                 core.cmd.payload.shift_g.eq(cmd.shift_g),
                 core.cmd.payload.shift_u.eq(cmd.shift_u),

@@ -271,7 +271,11 @@ def _lowest_set(m, bits, name):
 def _round_robin_pick(m, requests, pointer, name):
     """Index of the first set bit of ``requests`` at or after ``pointer`` (wrapping), and "any"."""
     at_or_after = Signal(len(requests), name=f"{name}_at_or_after")
-    m.d.comb += at_or_after.eq(Cat(requests[i] & (i >= pointer) for i in range(len(requests))))
+    # i >= pointer holds for every value of a pointer of log2(n) bits when i is its largest:
+    # written as a constant there (no comparison that lint reports as constant).
+    top = (1 << len(pointer)) - 1
+    m.d.comb += at_or_after.eq(Cat(requests[i] & (1 if i == top else i >= pointer)
+                                   for i in range(len(requests))))
     pick = Signal(range(len(requests)), name=f"{name}_pick")
     m.d.comb += pick.eq(Mux(at_or_after.any(), _lowest_set(m, at_or_after, f"{name}_after"),
                             _lowest_set(m, requests, f"{name}_first")))

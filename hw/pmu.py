@@ -275,7 +275,8 @@ class AddressGenerator(ConfiguredComponent):
             rank = sum(same, Const(0, self._rank_bits)) if same else Const(0, self._rank_bits)
             m.d.comb += self.lane_rank[v].eq(rank)
             ranks.append(Mux(self.lane_valid[v], self.lane_rank[v], 0))
-        m.d.comb += self.cost.eq(max_tree(m, ranks, "rank_max") + 1)
+        # Lane 0's rank is always 0, the floor of the maximum anyway: left out of the tree.
+        m.d.comb += self.cost.eq(max_tree(m, ranks[1:] or ranks, "rank_max") + 1)
         return m
 
 
