@@ -115,3 +115,88 @@ def test_each_router_invariant_fails_on_a_router_that_breaks_it(corrupt, tmp_pat
     broken = _CorruptedRouter(block.build(block.config(**ROUTER)), corrupt)
     result = prove_component(broken, tmp_path, "bmc", 12, invariants=router_invariants)
     assert result["status"] == "FAIL" and result["trace"]
+
+
+# --- NoP switch: delivery and combine -----------------------------------------------------
+
+NOP = {"fanout": 2, "lanes": 1, "data_width": 1, "acc_width": 2, "token_width": 1,
+       "max_flits": 2, "max_inflight": 2}
+
+
+def test_nop_switch_delivery_and_combine_hold_for_every_trace_of_16_cycles(tmp_path):
+    # Every dispatched flit reaches exactly its packet's masked children, once, unchanged;
+    # up_out carries a packet only for a token some dispatch owes. Induction does not close
+    # (the slot tables are unconstrained in an arbitrary state); 16 cycles from reset hold
+    # several packets of 1-2 flits there and back (round trip 4 edges at least).
+    block = get_block("nop_switch")
+    result = run_formal(block, block.config(**NOP), "bmc", 16, tmp_path)
+    assert result["status"] == "PASS", result["log"][-2000:]
+
+
+@pytest.mark.sweep
+def test_nop_switch_invariants_with_three_children_and_four_tokens(tmp_path):
+    block = get_block("nop_switch")
+    config = block.config(**dict(NOP, fanout=3, data_width=2, token_width=2))
+    result = run_formal(block, config, "bmc", 20, tmp_path)
+    assert result["status"] == "PASS", result["log"][-2000:]
+
+
+class _TamperedSwitch(wiring.Component):
+    """A NoP switch whose child-side dispatch or parent-side combine is altered on its way
+    out, as a broken switch would alter it (``tamper(m, inner, outer)`` drives ``down_out``
+    and ``up_out``)."""
+
+    def __init__(self, switch, tamper):
+        self.inner, self.tamper = switch, tamper
+        self.config, self.fanout, self.base, self.span = (switch.config, switch.fanout,
+                                                          switch.base, switch.span)
+        super().__init__(switch.signature)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.inner = inner = self.inner
+        wiring.connect(m, wiring.flipped(self.down_in), inner.down_in)
+        for outer, port in zip(self.up_in, inner.up_in):
+            wiring.connect(m, wiring.flipped(outer), port)
+        m.d.comb += self.error.eq(inner.error)
+        self.tamper(m, inner, self)
+        return m
+
+
+def _pass(m, source, sink, payload=None):
+    m.d.comb += [sink.valid.eq(source.valid), source.ready.eq(sink.ready),
+                 sink.payload.eq(source.payload if payload is None else payload)]
+
+
+def _swap_children(m, inner, outer):          # child 0's flits go to child 1 and back
+    _pass(m, inner.down_out[0], outer.down_out[1])
+    _pass(m, inner.down_out[1], outer.down_out[0])
+    _pass(m, inner.up_out, outer.up_out)
+
+
+def _flip_a_data_bit(m, inner, outer):        # a flit reaches child 0 changed
+    payload = Signal.like(inner.down_out[0].payload)
+    m.d.comb += [payload.eq(inner.down_out[0].payload),
+                 payload.data[0].eq(~inner.down_out[0].payload.data[0])]
+    _pass(m, inner.down_out[0], outer.down_out[0], payload)
+    _pass(m, inner.down_out[1], outer.down_out[1])
+    _pass(m, inner.up_out, outer.up_out)
+
+
+def _rename_the_token(m, inner, outer):       # a combined packet for a token nobody owes
+    payload = Signal.like(inner.up_out.payload)
+    m.d.comb += [payload.eq(inner.up_out.payload),
+                 payload.token.eq(~inner.up_out.payload.token)]
+    for c in range(2):
+        _pass(m, inner.down_out[c], outer.down_out[c])
+    _pass(m, inner.up_out, outer.up_out, payload)
+
+
+@pytest.mark.parametrize("tamper", [_swap_children, _flip_a_data_bit, _rename_the_token])
+def test_each_nop_switch_invariant_fails_on_a_switch_that_breaks_it(tamper, tmp_path):
+    from flows.formal import SOLVERS, nop_switch_invariants
+    block = get_block("nop_switch")
+    broken = _TamperedSwitch(block.build(block.config(**NOP)), tamper)
+    result = prove_component(broken, tmp_path, "bmc", 12, invariants=nop_switch_invariants,
+                             solver=SOLVERS["nop_switch"])
+    assert result["status"] == "FAIL" and result["trace"], result["log"][-2000:]
