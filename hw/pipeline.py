@@ -156,6 +156,9 @@ class OutputQueue:
         FIFO entries.
     name : str
         Submodule name.
+    overflow : Signal, optional
+        Driven high in a cycle where a beat is pushed into a full FIFO (and so lost): a probe
+        for the formal harness, which asserts it never rises.
 
     Members
     -------
@@ -166,10 +169,11 @@ class OutputQueue:
         Beats held (the FIFO's ``w_level``).
     """
 
-    def __init__(self, m, port, *, depth=OUT_FIFO_DEPTH, name="out_fifo"):
+    def __init__(self, m, port, *, depth=OUT_FIFO_DEPTH, name="out_fifo", overflow=None):
         self.fifo = SyncFIFO(width=len(port.payload.as_value()), depth=depth)
         m.submodules[name] = self.fifo
         self._port = port
+        self._overflow = overflow
         self.space = self.fifo.w_rdy
         self.level = self.fifo.w_level
 
@@ -180,6 +184,8 @@ class OutputQueue:
     def push(self, m, valid, payload):
         """Write ``payload`` (bits) in the cycles where ``valid`` is high, and serve the port."""
         port, fifo = self._port, self.fifo
+        if self._overflow is not None:
+            m.d.comb += self._overflow.eq(valid & ~fifo.w_rdy)
         m.d.comb += [fifo.w_en.eq(valid), fifo.w_data.eq(payload),
                      port.valid.eq(fifo.r_rdy), port.payload.eq(fifo.r_data),
                      fifo.r_en.eq(port.ready)]

@@ -157,6 +157,10 @@ class _ArrayComponent(ConfiguredComponent):
             members["c"] = Out(stream.Signature(lanes_layout(config.cols, config.acc_width)))
         members["error"] = Out(1)
         super().__init__(config, members)
+        # Not a port: high in a cycle where a row would be written into a full output queue
+        # (which would lose it). Read only by the formal harness (flows/formal.py), which
+        # asserts it never rises; nothing in the block reads it, so synthesis drops it.
+        self.queue_overflow = Signal(name="queue_overflow")
 
     def _join(self, m, pipe):
         cfg = self.config
@@ -197,7 +201,7 @@ class _ArrayComponent(ConfiguredComponent):
 
     def _output_stage(self, m):
         """The output queue on ``c`` and the pipeline that moves while it has a free slot."""
-        queue = OutputQueue(m, self.c)
+        queue = OutputQueue(m, self.c, overflow=self.queue_overflow)
         return queue, queue.stall_pipe()
 
 
