@@ -409,7 +409,9 @@ class PMU(TieredComponent):
         conflicts = []
 
         def conflict(selects):
-            return [a & b for i, a in enumerate(selects) for b in selects[i + 1:]]
+            """More than one of ``selects`` high: x & (x - 1) clears the lowest set bit."""
+            lanes = Cat(*selects)
+            return [(lanes & (lanes - 1)).any()]
 
         for bank, ports in enumerate(banks):
             selects = [writing & s for s in served_by(wag, w_step, bank)]
@@ -434,7 +436,8 @@ class PMU(TieredComponent):
             selects = served_by(rag, r_step, bank)
             conflicts += conflict([issuing & s for s in selects])
             m.d.comb += ports.r_addr.eq(one_hot_pick(selects, list(rag.lane_offset)))
-        m.d.comb += self.bank_conflict.eq(reduce(operator.or_, conflicts, Const(0)))
+        # One wide OR: a chain of hundreds of ORs (8 lanes, 8 banks) is too deep to elaborate.
+        m.d.comb += self.bank_conflict.eq(Cat(*conflicts).any() if conflicts else 0)
 
         served = Signal(V)
         served_bank = Signal.like(rag.lane_bank)
