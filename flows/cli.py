@@ -69,13 +69,18 @@ def cmd_formal(args):
     return 0 if result["status"] == "PASS" else 1
 
 
-def cmd_mutate(args):
-    from flows.mutate import MutationError, run_mutation, scored_configs
+def _one_or_all(args, all_means):
+    """Usage checks of a command taking BLOCK [-p ...] or --all."""
     if args.all == bool(args.block):
         raise _UsageError("argument BLOCK: give one block name or --all")
     if args.all and args.param:
-        raise _UsageError("option '-p': not allowed with --all (every block runs at its "
-                          "configuration in flows/mutate.py SCORED_CONFIGS)")
+        raise _UsageError(f"option '-p': not allowed with --all ({all_means})")
+
+
+def cmd_mutate(args):
+    from flows.mutate import MutationError, run_mutation, scored_configs
+    _one_or_all(args, "every block runs at its configuration in flows/mutate.py "
+                      "SCORED_CONFIGS")
     if not 1 <= args.count <= 1000:
         raise _UsageError(f"option '-n': got {args.count}; allowed: an integer in 1..1000")
     if not 1 <= args.jobs <= 64:
@@ -107,10 +112,7 @@ def cmd_mutate(args):
 def cmd_lint(args):
     from flows.lint import lint_block
     from hw.registry import all_blocks
-    if args.all == bool(args.block):
-        raise _UsageError("argument BLOCK: give one block name or --all")
-    if args.all and args.param:
-        raise _UsageError("option '-p': not allowed with --all (every block at its defaults)")
+    _one_or_all(args, "every block at its defaults")
     jobs = [(block, block.config()) for block in all_blocks()] if args.all \
         else [_block_and_config(args)]
     rows = []

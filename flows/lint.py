@@ -14,7 +14,7 @@ import subprocess
 from collections import Counter
 
 from flows import toolchain
-from flows.verilog import config_key, generate
+from flows.synth import prepare
 
 __all__ = ["lint_files", "lint_block", "classify"]
 
@@ -62,8 +62,7 @@ def lint_files(paths, top):
 def lint_block(block, config):
     """Counts of the ``-Wall`` warnings of ``block`` at ``config``: ``{"total", "generator",
     "moegen", "codes": {code: n}, "moegen_warnings": [first few messages]}``."""
-    rtl = toolchain.BUILD_ROOT / "sim" / f"{block.name}-{config_key(block, config)}" / "rtl"
-    v_path, _, info = generate(block, config, rtl)
+    _, v_path, info = prepare(block, config)
     warnings = lint_files([v_path], info["top"])
     classes = Counter(w[4] for w in warnings)
     return {"total": len(warnings), "generator": classes["generator"],

@@ -12,24 +12,11 @@ import dataclasses
 import re
 from pathlib import Path
 
-from flows.verilog import IDENTIFIER, write_if_changed
+from flows.verilog import IDENTIFIER, manifest_streams, write_if_changed
 
 __all__ = ["axis_wrapper", "axis_streams", "fusesoc_core", "core_name", "write_package"]
 
 CORE_VENDOR, CORE_LIBRARY, CORE_VERSION = "moegen", "blocks", "0.1.0"
-
-
-def _streams(ports):
-    """``{stream name: (direction of its payload, payload port)}`` of a manifest's ports, in
-    port order; a stream is a ``<name>__valid/__ready/__payload`` triple."""
-    by_name = {p["name"]: p for p in ports}
-    streams = {}
-    for port in ports:
-        if port["name"].endswith("__payload"):
-            name = port["name"][:-len("__payload")]
-            if f"{name}__valid" in by_name and f"{name}__ready" in by_name:
-                streams[name] = port
-    return streams
 
 
 def axis_streams(info):
@@ -37,7 +24,8 @@ def axis_streams(info):
     None)]`` of a block's manifest: ``s_axis_<stream>`` for inputs, ``m_axis_<stream>`` for
     outputs (``__`` of array streams becomes ``_``); tdata is the payload rounded up to bytes."""
     out = []
-    for name, payload in _streams(info["ports"]).items():
+    for name, members in manifest_streams(info["ports"])[0].items():
+        payload = members["payload"]
         side = "s_axis" if payload["direction"] == "in" else "m_axis"
         last = next((f["lsb"] for f in payload.get("fields", []) if f["field"] == "last"), None)
         width = payload["width"]
@@ -65,7 +53,6 @@ def axis_wrapper(info):
     top = info["top"]
     module = f"{top}_axis"
     streams = axis_streams(info)
-    in_streams = {s[0] for s in streams}
     decls = ["  input wire aclk", "  input wire aresetn"]
     body = ["  // AXI resets are active low; the block's reset is synchronous, active high.",
             "  wire rst = ~aresetn;"]
@@ -98,10 +85,7 @@ def axis_wrapper(info):
                      + (f"{name}_payload[{last}];" if last is not None else "1'b1;")]
             conn += [f".{name}__payload({name}_payload)", f".{name}__valid({axis}_tvalid)",
                      f".{name}__ready({axis}_tready)"]
-    for port in info["ports"]:
-        stream = re.sub(r"__(valid|ready|payload)$", "", port["name"])
-        if port["name"] in ("clk", "rst") or stream in in_streams:
-            continue
+    for port in manifest_streams(info["ports"])[1]:
         direction = "input" if port["direction"] == "in" else "output"
         decls.append(f"  {direction} wire {_range(port['width'])}{port['name']}")
         conn.append(f".{port['name']}({port['name']})")

@@ -18,6 +18,7 @@ design that does not place) is reported with its one-line reason and the sweep g
 """
 
 import csv
+import dataclasses
 import hashlib
 import importlib.metadata
 import itertools
@@ -49,8 +50,7 @@ def expand(block, pairs):
     """The cross product of ``-p key=v1,v2`` pairs as lists of ``key=value`` strings, in the
     order given. A list-valued parameter (``fanouts``) takes one alternative per ``-p``
     (repeat the key); others split their values on commas."""
-    from dataclasses import fields
-    kinds = {f.name: f.metadata.get("kind") for f in fields(block.config)}
+    kinds = {f.name: f.metadata.get("kind") for f in dataclasses.fields(block.config)}
     choices = {}
     for pair in pairs or []:
         key, sep, text = pair.partition("=")

@@ -12,7 +12,7 @@ from amaranth.back import verilog
 from amaranth.hdl import Shape
 from amaranth.lib import data, wiring
 
-__all__ = ["generate", "convert", "naming", "module_names", "IDENTIFIER", "manifest", "port_list", "config_key", "write_if_changed",
+__all__ = ["generate", "convert", "naming", "manifest_streams", "module_names", "IDENTIFIER", "manifest", "port_list", "config_key", "write_if_changed",
            "generator_digest", "file_digest", "is_fresh"]
 
 
@@ -63,6 +63,23 @@ def port_list(component):
                       "width": len(value.as_value()) if hasattr(value, "as_value")
                       else len(value)})
     return ports
+
+
+def manifest_streams(ports):
+    """A manifest's ports sorted out: ``({stream: {"valid": port, "ready": port, "payload":
+    port}}, [other ports but clk and rst])``, in port order. A stream is a
+    ``<name>__valid/__ready/__payload`` triple."""
+    by_name = {port["name"]: port for port in ports}
+    streams, others = {}, []
+    for port in ports:
+        name, _, member = port["name"].rpartition("__")
+        if member in ("valid", "ready", "payload") and all(
+                f"{name}__{m}" in by_name for m in ("valid", "ready", "payload")):
+            streams.setdefault(name, {m: by_name[f"{name}__{m}"]
+                                      for m in ("valid", "ready", "payload")})
+        elif port["name"] not in ("clk", "rst"):
+            others.append(port)
+    return streams, others
 
 
 def manifest(block, config, component):

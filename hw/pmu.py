@@ -364,15 +364,14 @@ class PMU(TieredComponent):
         self.bank_conflict = Signal(name="bank_conflict")
 
     # The address generator class (a test builds a broken one to show the invariant can fail).
-    address_generator = None
+    address_generator = AddressGenerator
 
     def elaborate(self, platform):
         cfg = self.config
         V = cfg.lanes
         m = Module()
-        agen = self.address_generator or AddressGenerator
-        wag = m.submodules.write_agen = agen(cfg)
-        rag = m.submodules.read_agen = agen(cfg)
+        wag = m.submodules.write_agen = self.address_generator(cfg)
+        rag = m.submodules.read_agen = self.address_generator(cfg)
         wiring.connect(m, wiring.flipped(self.wjob), wag.job)
         wiring.connect(m, wiring.flipped(self.rjob), rag.job)
         m.d.comb += [wag.other_busy.eq(rag.busy), wag.other_done.eq(rag.done),

@@ -162,43 +162,20 @@ async def test_axis_reset_mid_job_leaves_nothing_stale(dut):
 async def test_axis_frames_match_golden(dut):
     """Random jobs of random depth (1 included) under random pauses on every AXI4-Stream
     port: every c frame has R beats, tlast on the last, and the golden A·B."""
-    info = dut_manifest()
+    info, ports, (a_src, b_src, c_sink) = await _start(dut)
     params = info["params"]
-    rows, cols, width = params["rows"], params["cols"], params["in_width"]
-    ports = {p["name"]: p for p in info["ports"]}
     rng = make_rng("axis")
-    cocotb.start_soon(Clock(dut.aclk, 10, unit="ns").start())
-    a_src = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis_a"), dut.aclk, dut.aresetn,
-                            reset_active_level=False)
-    b_src = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis_b"), dut.aclk, dut.aresetn,
-                            reset_active_level=False)
-    c_sink = AxiStreamSink(AxiStreamBus.from_prefix(dut, "m_axis_c"), dut.aclk, dut.aresetn,
-                           reset_active_level=False)
     for port, fraction in ((a_src, 0.3), (b_src, 0.5), (c_sink, 0.4)):
         port.set_pause_generator(_paused(rng, fraction))
-    dut.aresetn.value = 0
-    await ClockCycles(dut.aclk, 3)
-    dut.aresetn.value = 1
-    await RisingEdge(dut.aclk)
-    lo, hi = fixed.signed_limits(width)
     jobs = []
     for depth in (1, 5, 2, 17, 3, 9):
-        a = [[rng.choice((lo, hi, rng.randint(lo, hi))) for _ in range(depth)]
-             for _ in range(rows)]
-        b = [[rng.choice((lo, hi, rng.randint(lo, hi))) for _ in range(cols)]
-             for _ in range(depth)]
+        a, b = _random_job(rng, params, depth)
         jobs.append(golden.os_tile_result(a, b, params["acc_width"]).tolist())
-        await a_src.send(_frame(ports["a__payload"], a_src.byte_lanes,
-                                [[a[i][k] for i in range(rows)] for k in range(depth)]))
-        await b_src.send(_frame(ports["b__payload"], b_src.byte_lanes, b))
-    c_port = ports["c__payload"]
+        await _send_job(ports, a_src, b_src, a, b)
     for expected in jobs:
         frame = await with_timeout(c_sink.recv(), 200, "us")
-        lanes = c_sink.byte_lanes
-        data = bytes(frame.tdata)
-        assert len(data) == rows * lanes, f"a c frame of {len(data) // lanes} beats, not {rows}"
-        got = [_unpack(c_port, int.from_bytes(data[r * lanes:(r + 1) * lanes], "little"), cols)
-               for r in range(rows)]
+        got = _rows_of(frame, ports["c__payload"], c_sink.byte_lanes, params["rows"],
+                       params["cols"])
         assert got == expected, f"c frame {got} != golden {expected}"
     await ClockCycles(dut.aclk, 50)
     assert c_sink.empty(), "a c frame nobody owed"
