@@ -3,9 +3,10 @@
 bench: per configuration, the saturated-stream cocotb test (``test_throughput``) on Verilator
 and on Icarus in the same run (cycles, ideal cycles, utilization, simulated cycles per wall
 second), the same Verilog in a bare Verilator loop (:mod:`flows.bare`, the ceiling the bench's
-cycles per second are a fraction of), Yosys generic synthesis (cells, flip-flops, LUTs, cells per PE) and, for two-tier
-blocks, the switching activity per tier (bit flips per cycle from a VCD of the 3D build, a
-dynamic-power proxy); written to ``build/bench.json``. demo: per configuration, Verilog, the
+cycles per second are a fraction of), Yosys generic synthesis (cells, flip-flops, LUTs, cells per
+PE), place and route on ECP5 and the switching activity per operation (bit flips of
+``test_throughput``'s VCD per MAC, flit, synaptic op..., per part and, for two-tier blocks, per
+tier: a relative energy indicator, :mod:`flows.activity`); written to ``build/bench.json``. demo: per configuration, Verilog, the
 full cocotb suite on Verilator against the golden model, and synthesis, as one summary table.
 """
 
@@ -13,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from flows.activity import tier_activity
+from flows.activity import activity
 from flows.bare import bare_cycles_per_second
 from flows.pnr import fmax_text, pnr_block
 from flows.reports import model_reports, table
@@ -66,13 +67,58 @@ def _pnr_figures(block, config):
                               "critical_path", "device", "seed")}
 
 
-def run_bench(output, blocks=None):
+def activity_table(records):
+    """The switching activity of every record that has one, as a table with its caption."""
+    rows = []
+    for record in records:
+        act = record.get("activity")
+        if not act:
+            continue
+        parts = ", ".join(f"{name} {value}" for name, value
+                          in list(act["parts_flips_per_operation"].items())[:3])
+        tiers = " / ".join(str(value) for value in act.get("tiers_flips_per_operation",
+                                                             {}).values()) or "-"
+        rows.append((record["block"], record["params"], act["operation"], act["operations"],
+                     act["flips_per_operation"], act["flips_per_cycle"], parts, tiers))
+    return (table(["block", "params", "operation", "operations", "flips/op", "flips/cycle",
+                   "largest parts (flips/op)", "tiers top / bottom (flips/op)"], rows)
+            + "\nflips/op: bit flips of every net (clock and reset excepted) over the whole "
+            "test_throughput, per operation it performs: a relative energy indicator for "
+            "comparing configurations and formats, not a power estimate (flows/activity.py)")
+
+
+def _write(output, records):
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps({"generated": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                  "results": records}, indent=2) + "\n")
+    print(f"wrote {output}")
+
+
+def run_activity(output, blocks=None):
+    """Only the switching activity of every demo configuration (of ``blocks``): partial records
+    (``moegen docs --bench`` adds them to the recorded figures of the same configuration)."""
+    records = []
+    for block, config, label in demo_configurations():
+        if blocks and block.name not in blocks:
+            continue
+        print(f"bench: {block.name} {label} switching activity per operation (VCD)", flush=True)
+        records.append({"block": block.name, "params": label, "partial": True,
+                        "activity": activity(block, config)})
+    print(activity_table(records))
+    _write(output, records)
+    return 0
+
+
+def run_bench(output, blocks=None, activity_only=False):
     """Run the benchmarks (of ``blocks``, names, or every block); print a table and write
     ``output`` (JSON). Returns the exit status.
 
     Each block's cocotb ``test_throughput`` measures its own figures (asserted against its
     golden cycle model) and writes them with the simulated cycles per wall second.
     """
+    if activity_only:
+        return run_activity(output, blocks)
     records, rows = [], []
     for block, config, label in demo_configurations():
         if blocks and block.name not in blocks:
@@ -98,9 +144,8 @@ def run_bench(output, blocks=None):
         record[f"cells_per_{block.area_unit}"] = area["cells"] / units
         print(f"bench: {block.name} {label} place and route (nextpnr, ecp5)", flush=True)
         record["pnr_ecp5"] = _pnr_figures(block, config)
-        if block.tiers is not None:
-            print(f"bench: {block.name} {label} switching activity per tier (VCD)", flush=True)
-            record["tier_activity"] = tier_activity(block, config)
+        print(f"bench: {block.name} {label} switching activity per operation (VCD)", flush=True)
+        record["activity"] = activity(block, config)
         records.append(record)
         figures = record["verilator"]
         bare = record["bare_verilator_cycles_per_second"]
@@ -115,17 +160,8 @@ def run_bench(output, blocks=None):
                   "cells per unit", "ECP5 Fmax"], rows))
     print("cyc/s: simulated cycles per wall second of test_throughput on the per-cycle bench, "
           "and after '|' of test_buffered_throughput on the buffered harness (tb.buffered)")
-    for record in records:
-        if "tier_activity" in record:
-            act = record["tier_activity"]
-            print(f"{record['block']} {record['params']}: switching activity of test_throughput "
-                  f"on the 3D build, bit flips per cycle: top tier {act['top_flips_per_cycle']}, "
-                  f"bottom tier {act['bottom_flips_per_cycle']} ({act['cycles']} cycles)")
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps({"generated": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                  "results": records}, indent=2) + "\n")
-    print(f"wrote {output}")
+    print(activity_table(records))
+    _write(output, records)
     return 0
 
 

@@ -91,13 +91,25 @@ def _figures_table(name, bench):
     text = note + _md_table(["params", "measured (cycle-exact)", "Verilator cycles/s",
                              "Icarus cycles/s", "cells", "flip-flops", "LUTs", "cells per unit",
                              "ECP5 Fmax"], rows)
-    for r in records:
-        if "tier_activity" in r:
-            act = r["tier_activity"]
-            text += (f"\nSwitching activity of `test_throughput` on the 3D build ("
-                     f"{r['params'] or 'defaults'}), bit flips per cycle: top tier "
-                     f"{act['top_flips_per_cycle']}, bottom tier {act['bottom_flips_per_cycle']} "
-                     f"({act['cycles']} cycles).\n")
+    activity = [r for r in records if r.get("activity")]
+    if activity:
+        text += ("\nSwitching activity per operation (`flows/activity.py`): bit flips of every "
+                 "net, clock and reset excepted, over the whole `test_throughput` on Verilator, "
+                 "divided by the operations it performs; per part (submodules at the top of the "
+                 "hierarchy) and, on the 3D build, per tier. A relative energy indicator for "
+                 "comparing configurations and formats, not a power estimate.\n\n")
+        rows = []
+        for r in activity:
+            act = r["activity"]
+            parts = ", ".join(f"{name} {value}" for name, value
+                              in act["parts_flips_per_operation"].items())
+            tiers = " / ".join(str(v) for v in act.get("tiers_flips_per_operation", {}).values())
+            rows.append((r["params"] or "defaults", act["operation"], f"{act['operations']:,}",
+                         act["flips_per_operation"], act["flips_per_cycle"], parts,
+                         tiers or "-"))
+        text += _md_table(["params", "operation", "operations", "flips per operation",
+                           "flips per cycle", "per part (flips per operation)",
+                           "tiers top / bottom (flips per operation)"], rows)
     return text
 
 
@@ -172,14 +184,24 @@ def _mutation():
 
 def merge_bench(old, new):
     """The bench record with ``new``'s blocks replacing ``old``'s (a `moegen bench --block`
-    run updates only its blocks); every record keeps the time of the run that measured it."""
+    run updates only its blocks); every record keeps the time of the run that measured it.
+    A partial record (`moegen bench --activity-only`) adds its activity, with its own time, to
+    the recorded configuration of the same block and parameters."""
     def stamped(record):
         return [{"generated": record.get("generated", "?"), **r}
                 for r in record.get("results", [])]
-    fresh = stamped(new)
+    fresh = [r for r in stamped(new) if not r.get("partial")]
     blocks = {r["block"] for r in fresh}
     kept = [r for r in stamped(old) if r["block"] not in blocks]
-    return {"generated": new.get("generated", "?"), "results": kept + fresh}
+    results = kept + fresh
+    for partial in (r for r in stamped(new) if r.get("partial")):
+        for record in results:
+            if (record["block"], record["params"]) == (partial["block"], partial["params"]):
+                record.pop("tier_activity", None)       # the older per-tier-only figure
+                record["activity"] = {**partial["activity"],
+                                      "generated": partial["generated"]}
+    return {"generated": new.get("generated", "?") if fresh else old.get("generated", "?"),
+            "results": results}
 
 
 def stale_files():

@@ -431,6 +431,6 @@ register(Block(
                   {"scale_format": "e8m0"}),
     # Gate by gate (no ABC): ABC9 had not mapped the default after 13 minutes; -noabc takes 16 s.
     synth_abc=False,
-    area_unit="product lane", area_units=lambda cfg: cfg.group,
+    area_unit="product lane", operation="product", area_units=lambda cfg: cfg.group,
     legend="beats per cycle, products per cycle",
 ))

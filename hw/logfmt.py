@@ -392,7 +392,7 @@ register(Block(
                          "fifo_rows": golden.encoder_fifo_rows(cfg.tile, cfg.lanes)},
     summary="LogFMT-n encoder: per-tile log range, linear-space rounding, a lane per element",
     demo_configs=({}, {"bits": 10}),
-    area_unit="lane", area_units=lambda cfg: cfg.lanes,
+    area_unit="lane", operation="element", area_units=lambda cfg: cfg.lanes,
     legend="elements per cycle",
 ))
 
@@ -401,7 +401,7 @@ register(Block(
     figures=lambda cfg: {"elements_per_cycle": cfg.lanes, "latency_cycles": 1},
     summary="LogFMT-n decoder: 2**(lo + step*(c-1)) as BF16, a lane per element",
     demo_configs=({}, {"bits": 10}),
-    area_unit="lane", area_units=lambda cfg: cfg.lanes,
+    area_unit="lane", operation="element", area_units=lambda cfg: cfg.lanes,
     legend="elements per cycle",
     tb="logfmt_decoder",
 ))

@@ -309,7 +309,7 @@ register(Block(
                                                                 cfg.topk_groups)},
     summary="MoE layer root: gate scores, node-limited top-k, gate weights, NoP dispatch packets",
     demo_configs=({},),
-    area_unit="expert", area_units=lambda cfg: cfg.experts,
+    area_unit="expert", operation="MAC", area_units=lambda cfg: cfg.experts,
     legend=("tokens per cycle against the packet port's bound 1/(header + x flits) "
             "with every port saturated"),
 ))
@@ -945,7 +945,7 @@ register(Block(
     figures=lambda cfg: golden.chiplet_figures(cfg.schedule),
     summary="MoE layer leaf: experts' FFNs on a systolic tile from a PMU scratchpad, batched",
     demo_configs=({},),
-    area_unit="PE", area_units=lambda cfg: cfg.rows * cfg.cols * cfg.arrays,
+    area_unit="PE", operation="MAC", area_units=lambda cfg: cfg.rows * cfg.cols * cfg.arrays,
     legend="PE utilization of a batch with every port ready",
     tiers=lambda cfg: (ExpertChiplet(cfg, tier="top"), ScratchpadBanks(cfg.pmu_config())),
     tier_contents=("tile, planner, token slots, address generators", "the scratchpad banks"),
@@ -1190,7 +1190,7 @@ register(Block(
                          cfg.arrays, "flits_per_token": cfg.header_flits + cfg.x_flits},
     summary="the Mozart MoE layer: gate, NoP dispatch, expert chiplets, in-network combine",
     demo_configs=({},),
-    area_unit="chiplet", area_units=lambda cfg: cfg.leaves,
+    area_unit="chiplet", operation="MAC", area_units=lambda cfg: cfg.leaves,
     legend="tokens per cycle of a batch against the busiest chiplet's MAC bound",
     tiers=lambda cfg: (MoELayer(cfg, tier="top"), LayerScratchpads(cfg)),
     tier_contents=("gate, router, NoP tree, chiplet logic", "every chiplet's scratchpad banks"),

@@ -425,7 +425,7 @@ register(Block(
                          "macs_per_cycle": cfg.mults},
     summary="NDP-DIMM core: int GEMV and tensor-parallel expert-FFN slices with LUT activation",
     demo_configs=({"max_cols": 256, "max_inter": 128},),
-    area_unit="multiplier", area_units=lambda cfg: cfg.mults,
+    area_unit="multiplier", operation="MAC", area_units=lambda cfg: cfg.mults,
     legend=("MAC utilization (useful MACs / M per cycle) of a gemv with an ideal weight stream "
             "and fed by the DDR4-3200 model; a 4-DIMM tensor-parallel Qwen3 expert scaled to "
             "the buffers (slice cycles, partial sums checked against the whole expert); one "
@@ -571,7 +571,7 @@ register(Block(
                          "macs_per_cycle": cfg.dimms * cfg.mults},
     summary="N NDP-DIMMs running one expert tensor-parallel, partial sums reduced in hardware",
     demo_configs=({},),
-    area_unit="DIMM", area_units=lambda cfg: cfg.dimms,
+    area_unit="DIMM", operation="MAC", area_units=lambda cfg: cfg.dimms,
     legend=("cycles of one expert over N DIMMs (S tokens) against the cycle model, MAC "
             "utilization of the N x M multipliers"),
 ))

@@ -703,7 +703,7 @@ register(Block(
             "leaf copies per token of a synthetic top-2 trace, round-robin vs clustered "
             "placement, root-link flits per token forwarding every expert / every leaf / "
             "in-network combine"),
-    area_unit="port", area_units=lambda cfg: cfg.fanout + 1,
+    area_unit="port", operation="flit", area_units=lambda cfg: cfg.fanout + 1,
 ))
 register(Block(
     name="nop_tree", family="nop", config=NopConfig, build=NopTree, figures=_figures,
@@ -713,7 +713,7 @@ register(Block(
             "leaf copies per token of a synthetic top-2 trace, round-robin vs clustered "
             "placement, root-link flits per token forwarding every expert / every leaf / "
             "in-network combine"),
-    area_unit="switch", area_units=lambda cfg: sum(math.prod(cfg.fanouts[:level])
+    area_unit="switch", operation="flit", area_units=lambda cfg: sum(math.prod(cfg.fanouts[:level])
                                                    for level in range(len(cfg.fanouts))),
     # With link checks, each switch is mapped on its own: flattened, a sender's check and the
     # receiver's recomputation of it are one net, and Yosys removes the checker as a

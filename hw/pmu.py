@@ -465,7 +465,7 @@ register(Block(
     summary=("banked scratchpad with concurrent programmable read/write address generators "
              "(SN40L PMU)"),
     demo_configs=({"banks": 8, "bank_depth": 64, "elem_width": 16, "lanes": 8, "loops": 3},),
-    area_unit="bank", area_units=lambda cfg: cfg.banks,
+    area_unit="bank", operation="word access", area_units=lambda cfg: cfg.banks,
     legend="read accesses per cycle, pattern/mapping",
     tiers=lambda cfg: (PMU(cfg, tier="top"), ScratchpadBanks(cfg)),
     tier_contents=("address generators, gather, read FIFO", "the memory banks"),

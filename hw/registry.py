@@ -45,6 +45,9 @@ class Block:
         What ``make bench`` divides the cell count by ("PE", "bank", ...).
     area_units : callable
         ``area_units(config) -> int``, how many of them the configuration has.
+    operation : str
+        The unit of work ``make bench``'s switching activity is counted per ("MAC", "flit",
+        "synaptic op"...); the block's ``test_throughput`` reports how many it performs.
     legend : str
         What the figures its ``test_throughput`` measures mean (printed under the demo table).
     tiers : callable, optional
@@ -76,6 +79,7 @@ class Block:
     demo_configs: tuple = ({},)
     area_unit: str = "block"
     area_units: Callable = lambda config: 1
+    operation: str = "operation"
     legend: str = ""
     tiers: Callable = None
     tier_contents: tuple = ("", "")

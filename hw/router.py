@@ -461,5 +461,5 @@ register(Block(
     summary="top-K expert router with node (group) limit and expert->leaf mask table",
     demo_configs=({},),
     legend="routes per cycle, latency, r of a top-k trace routed by the RTL",
-    area_unit="expert", area_units=lambda cfg: cfg.experts,
+    area_unit="expert", operation="route", area_units=lambda cfg: cfg.experts,
 ))

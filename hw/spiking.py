@@ -118,6 +118,6 @@ register(Block(
     summary="N leaky integrate-and-fire neurons: strict threshold, reset to zero, saturating V",
     demo_configs=({},),
     legend="timesteps per cycle, latency, spike rate of a random drive",
-    area_unit="neuron", area_units=lambda cfg: cfg.neurons,
+    area_unit="neuron", operation="neuron update", area_units=lambda cfg: cfg.neurons,
 ))
 

@@ -262,7 +262,7 @@ register(Block(
                          "cycles_per_timestep": max(cfg.max_tokens, cfg.max_head_dim)},
     summary="spiking multi-head attention (Alg. 2): AND+popcount scores, A.V, LIF; H cores",
     demo_configs=({"heads": 2, "max_tokens": 8, "max_head_dim": 8},),
-    area_unit="head", area_units=lambda cfg: cfg.heads,
+    area_unit="head", operation="synaptic op", area_units=lambda cfg: cfg.heads,
     tiers=lambda cfg: (SpikingAttention(cfg, tier="top"), AttentionArrays(cfg)),
     legend="cycles per timestep, adds per cycle vs H x N x (N + d)",
     tier_contents=("generators, V memories, control", "score and A.V arrays"),

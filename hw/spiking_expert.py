@@ -186,7 +186,7 @@ register(Block(
                          "peak_synaptic_ops_per_cycle": cfg.rows * cfg.cols},
     summary="spiking expert core: synaptic-integration-stationary array + LIF spike generators",
     demo_configs=({"rows": 8, "cols": 16},),
-    area_unit="PE", area_units=lambda cfg: cfg.rows * cfg.cols,
+    area_unit="PE", operation="synaptic op", area_units=lambda cfg: cfg.rows * cfg.cols,
     legend="cycles of a 2 x 2-tile job, synaptic operations per cycle vs the R x C peak",
     tiers=lambda cfg: (SpikingExpert(cfg, tier="top"), SisArray(cfg)),
     tier_contents=("generators, V memory, control, FIFO", "the synaptic-integration array"),

@@ -406,7 +406,7 @@ register(Block(
                          "peak_synaptic_ops_per_cycle": cfg.experts * cfg.rows * cfg.cols},
     summary="spiking MoE layer (Alg. 1): router + E expert cores + buffers, dispatch and merge",
     demo_configs=({},),
-    area_unit="expert", area_units=lambda cfg: cfg.experts,
+    area_unit="expert", operation="synaptic op", area_units=lambda cfg: cfg.experts,
     tiers=lambda cfg: (SpikingMoe(cfg, tier="top"), MoeArrays(cfg)),
     legend="cycles of a full layer, synaptic operations per cycle vs E x R x C",
     tier_contents=("router logic, generators, buffers, dispatch, merge",

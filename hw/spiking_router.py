@@ -175,7 +175,7 @@ register(Block(
                          "routes_per_cycle_in_a_tile": 1},
     summary="spiking token router: expert routing-score array (spike-gated) + top-K, ties low",
     demo_configs=({"experts": 8, "cols": 16, "max_tokens": 32},),
-    area_unit="PE", area_units=lambda cfg: cfg.experts * cfg.cols,
+    area_unit="PE", operation="score op", area_units=lambda cfg: cfg.experts * cfg.cols,
     tiers=lambda cfg: (SpikingRouter(cfg, tier="top"), SisArray(cfg)),
     legend="score additions per cycle vs E x C",
     tier_contents=("top-K selection, control, FIFO", "the routing-score array"),

@@ -532,7 +532,7 @@ register(Block(
                   {"rows": 4, "cols": 4, "dtype": "bf16"}),
     # Floating-point PEs gate by gate: ABC takes many minutes on fp_dot's datapath (hw/fp.py).
     synth_abc=lambda cfg: not is_float(cfg),
-    area_unit="PE", area_units=lambda cfg: cfg.rows * cfg.cols,
+    area_unit="PE", operation="MAC", area_units=lambda cfg: cfg.rows * cfg.cols,
     legend="cycles for 32 jobs of K=R (ideal = one MAC per PE per cycle)",
 ))
 
@@ -541,6 +541,6 @@ register(Block(
     figures=lambda cfg: golden.figures("systolic_tile", **dataclasses.asdict(cfg)),
     summary="n OS arrays on K-slices summed by a pipelined adder tree (Mozart tile)",
     demo_configs=({"rows": 4, "cols": 4, "arrays": 4},),
-    area_unit="PE", area_units=lambda cfg: cfg.rows * cfg.cols * cfg.arrays,
+    area_unit="PE", operation="MAC", area_units=lambda cfg: cfg.rows * cfg.cols * cfg.arrays,
     legend="cycles for 32 jobs of K=R (ideal = one MAC per PE per cycle)",
 ))

@@ -59,10 +59,12 @@ async def restart_bench(bench, bench_class, dut, salt, gap=0.0, stall=0.0):
     return await start_bench(bench_class, dut, salt, gap, stall)
 
 
-def write_throughput(metrics, metric_unit, sim_cycles_per_second, **extra):
+def write_throughput(metrics, metric_unit, sim_cycles_per_second, *, operations, **extra):
     """Write the report ``make bench`` and ``make demo`` read: ``metrics`` (name -> cycle-exact
-    figure), what they measure, the simulated cycles per wall second, and any ``extra`` keys."""
-    report = {"metrics": metrics, "metric_unit": metric_unit, **extra,
+    figure), what they measure, the simulated cycles per wall second, the ``operations`` (of
+    the block's registered unit) the whole test performed, which ``make bench`` divides the
+    test's bit flips by (:mod:`flows.activity`), and any ``extra`` keys."""
+    report = {"metrics": metrics, "metric_unit": metric_unit, "operations": operations, **extra,
               "sim_cycles_per_second": sim_cycles_per_second}
     with open(THROUGHPUT_FILE, "w") as f:
         json.dump(report, f, indent=2)

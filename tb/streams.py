@@ -446,6 +446,11 @@ class StreamBench:
         for port in self.ports:
             port.stop()
 
+    def transfers(self):
+        """Beats the sources sent and the sinks received so far (a flit count of a network)."""
+        return (sum(len(source.sent_edges) for source in self.sources.values())
+                + sum(len(sink.received) for sink in self.sinks.values()))
+
     async def reset(self, cycles=2):
         """Reset the block mid-job: the drivers keep running and drop what they hold; what the
         sinks received and the sources sent before is forgotten."""

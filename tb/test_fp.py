@@ -24,6 +24,7 @@ class DotBench(PipeBench):
         self.cfg = config
         self.fmt = config.format
         self.beats = 0
+        self.products = 0           # operand pairs sent (padding lanes not counted)
         self.last_flags = []             # per beat sent, in order
 
     def code(self, special_rate=0.1):
@@ -93,6 +94,7 @@ class DotBench(PipeBench):
                                       "last": last})
             self.last_flags.append(last)
             self.beats += 1
+        self.products += len(a)
         self.board.expect_payload({"result": golden.dot(
             a, b, self.fmt, self.fmt, self.dot_config, scale_a, scale_b)})
 
@@ -243,5 +245,6 @@ async def test_throughput(dut):
                       "products_per_cycle": rate * bench.cfg.group,
                       "latency_cycles": 1, "dot_products": len(bench.board.expected)},
                      "operand pairs of group g per cycle, every port ready",
-                     (edge_now() - first_edge) / (time.perf_counter() - began))
+                     (edge_now() - first_edge) / (time.perf_counter() - began),
+                     operations=bench.products)
     bench.stop()

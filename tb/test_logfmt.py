@@ -125,5 +125,6 @@ async def test_throughput(dut):
                       "tiles": bench.rows // bench.cfg.beats},
                      "BF16 elements encoded per cycle, every port ready; latency: a tile's "
                      "last row in to its last row out",
-                     (edge_now() - first_edge) / (time.perf_counter() - began))
+                     (edge_now() - first_edge) / (time.perf_counter() - began),
+                     operations=bench.rows * bench.cfg.lanes)
     bench.stop()

@@ -156,5 +156,6 @@ async def test_throughput(dut):
     write_throughput({"elements_per_cycle": rate * bench.cfg.lanes,
                       "latency_cycles": 1},
                      "LogFMT codes decoded to BF16 per cycle, every port ready",
-                     (edge_now() - first_edge) / (time.perf_counter() - began))
+                     (edge_now() - first_edge) / (time.perf_counter() - began),
+                     operations=bench.beats * bench.cfg.lanes)
     bench.stop()

@@ -219,4 +219,5 @@ async def test_throughput(dut):
     metrics = {"tokens": tokens, "cycles": cycles,
                "tokens_per_cycle": round(tokens / cycles, 4),
                "bound": round(1 / flits, 4)}
-    write_throughput(metrics, "dispatch packets, every port saturated", cycles / wall)
+    write_throughput(metrics, "dispatch packets, every port saturated", cycles / wall,
+                     operations=tokens * cfg.d_model * cfg.experts)      # x . W_g MACs

@@ -322,4 +322,5 @@ async def test_throughput(dut):
     macs = tokens * min(cfg.k, cfg.slots) * golden.expert_macs(cfg.d_model, cfg.d_ff)
     metrics = {"tokens": tokens, "cycles": cycles,
                "pe_utilization": round(macs / (cycles * bench.shape.pes), 4)}
-    write_throughput(metrics, "one batch after another, weights resident", cycles / wall)
+    write_throughput(metrics, "one batch after another, weights resident", cycles / wall,
+                     operations=macs)

@@ -382,6 +382,10 @@ async def test_throughput(dut):
     await bench.finish(_budget(bench, len(tokens)))
     metrics["ddr4_weight_load_cycles"] = loads[-1] - began_load + 1
     metrics["streamed_cycles"] = bench.y.received[-1][0] - began_load + 1
+    # Operations: the experts' MACs and the gate's (D x E a token) of the three batches.
+    batches = [*runs.values(), main]
+    macs = sum(sum(run["chiplet_macs"]) for run in batches) \
+        + len(batches) * len(tokens) * cfg.d_model * cfg.experts
     write_throughput(metrics, f"a {count}-token balanced batch, weights resident, round-robin "
                      "placement; streamed: the weights read from one DDR4-3200 channel first",
-                     edges / wall, placements=runs)
+                     edges / wall, placements=runs, operations=macs)

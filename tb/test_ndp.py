@@ -334,6 +334,7 @@ async def test_throughput(dut):
     M = cfg.mults
     rows, cols = 4 * M, cfg.max_cols
     metrics, wall = {}, time.perf_counter()
+    done_macs = []                      # useful MACs of every command, for make bench
 
     async def run(op, rows, cols, queue, tokens=1, not_before=None):
         """Queue one command with ``queue()``; check its every weight beat and result edge
@@ -352,7 +353,8 @@ async def test_throughput(dut):
         have = [e - start for e, _ in bench.y.received[-len(results):]]
         assert have == results, f"{rows}x{cols}, S={tokens}: results off the cycle model"
         cycles = results[-1] - golden.result_latency(M) + 1
-        return cycles, golden.useful_macs(op, rows, cols, tokens)
+        done_macs.append(golden.useful_macs(op, rows, cols, tokens))
+        return cycles, done_macs[-1]
 
     weights = bench.weights(rows, cols)
     x = bench.vector(cols)
@@ -422,4 +424,4 @@ async def test_throughput(dut):
                      edge_now() / (time.perf_counter() - wall),
                      ddr4_gb_s=round(stream.bandwidth_gb_s(), 2),
                      ddr4_peak_gb_s=TABLE_I.peak_bytes_per_clock(DDR4_3200AA)
-                     / DDR4_3200AA.tCK_ns)
+                     / DDR4_3200AA.tCK_ns, operations=sum(done_macs))

@@ -260,6 +260,7 @@ async def test_throughput(dut):
     inter = max(N, min(N * cfg.max_inter, 768 * hidden // 2048))
     wg, wu, wd = bench.expert(inter, hidden)
     metrics, wall = {"expert": f"{hidden}x{inter}"}, time.perf_counter()
+    done_macs = 0
     for tokens in sorted({1, min(8, cfg.max_tokens), cfg.max_tokens}):
         bench.run_expert(wg, wu, wd, [bench.vector(hidden) for _ in range(tokens)],
                          bench.shifts(hidden))
@@ -272,6 +273,7 @@ async def test_throughput(dut):
         macs = golden.useful_macs(golden.OP_FFN_SLICE, inter, hidden, tokens)
         metrics[f"s{tokens}_cycles"] = cycles
         metrics[f"s{tokens}_mac_util"] = round(macs / (N * M * cycles), 3)
+        done_macs += macs
     write_throughput(metrics, "cycles from the command to the last result of one expert, "
                      "MAC utilization of the N x M multipliers",
-                     edge_now() / (time.perf_counter() - wall))
+                     edge_now() / (time.perf_counter() - wall), operations=done_macs)

@@ -502,6 +502,7 @@ async def test_throughput(dut):
         continuous.send(continuous.random_packet(token, all_leaves, cfg.max_flits))
     await continuous.drain()
     continuous.check()
+    flits = bench.transfers() + continuous.transfers()      # at the block's ports
     continuous_rate = rate(continuous.root.sent_edges)
     # Round trip of the first token: its first flit in at the root to its last combined flit out
     # (its slot frees one cycle earlier). One packet enters per max_flits cycles, so slots for
@@ -521,6 +522,7 @@ async def test_throughput(dut):
             placed.send(placed.random_packet(token, mask, 1))
         await placed.drain()
         placed.check()
+        flits += placed.transfers()
         measured = sum(len(s.received) for s in placed.leaf_in) / len(masks)
         assert measured == golden.replication(masks)
         rates["r_clustered" if clustered else "r_round_robin"] = round(measured, 3)
@@ -543,7 +545,7 @@ async def test_throughput(dut):
          **rates},
         "flits per cycle on a link, cycles, r (leaf copies per token) for round-robin vs "
         "clustered placement, root-link flits per token without/with in-network combine",
-        (edge_now() - cycles_before) / elapsed)
+        (edge_now() - cycles_before) / elapsed, operations=flits)
 
 
 # ---- link_check: fault injection (only in trees built with fault_inject=1) -------------------

@@ -389,4 +389,6 @@ async def test_throughput(dut):
             metrics[f"{name}/{mapping}"] = round(accesses / r_cycles, 4)
     bench.check_reads()
     rate = (edge_now() - first_edge) / (time.perf_counter() - started)
-    write_throughput(metrics, "read accesses per cycle", rate)
+    # Word accesses: every pattern's beats (n words each) written and read once.
+    write_throughput(metrics, "read accesses per cycle", rate,
+                     operations=len(patterns) * 2 * 2 * accesses * n)

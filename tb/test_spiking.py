@@ -202,4 +202,5 @@ async def test_throughput(dut):
     write_throughput({"steps_per_cycle": round(steps / cycles, 3),
                       "latency_cycles": golden.LATENCY,
                       "spike_rate": round(spikes / (steps * cfg.neurons), 3)},
-                     "timesteps per cycle", out_edges[-1] / (time.perf_counter() - wall))
+                     "timesteps per cycle", out_edges[-1] / (time.perf_counter() - wall),
+                     operations=steps * cfg.neurons)

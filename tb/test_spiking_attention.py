@@ -165,4 +165,5 @@ async def test_throughput(dut):
                       * (cfg.max_tokens + cfg.max_head_dim),
                       "output_spike_rate": round(spikes / (steps * tokens * dim * cfg.heads), 3)},
                      "cycles, adds (AND-popcount and A.V) per cycle",
-                     (start + cycles) / (time.perf_counter() - wall))
+                     (start + cycles) / (time.perf_counter() - wall),
+                     operations=bench.synaptic_ops)

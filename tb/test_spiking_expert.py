@@ -202,4 +202,4 @@ async def test_throughput(dut):
                                                      for _, b in bench.out.received)
                                                  / (2 * R * pairs), 3)},
                      "cycles, synaptic operations (adds of a weight on a 1 spike) per cycle",
-                     outs[-1] / (time.perf_counter() - wall))
+                     outs[-1] / (time.perf_counter() - wall), operations=ops)

@@ -239,4 +239,5 @@ async def test_throughput(dut):
                                                                * d_out), 3)},
                      "cycles of a full-size layer (K = 1), synaptic operations per cycle",
                      (start + cycles) / (time.perf_counter() - wall),
-                     routing_histogram=golden.routing_histogram(masks, cfg.experts))
+                     routing_histogram=golden.routing_histogram(masks, cfg.experts),
+                     operations=bench.synaptic_ops)

@@ -195,4 +195,5 @@ async def test_throughput(dut):
                       "peak_ops_per_cycle": cfg.experts * C,
                       "dense_utilization": round(len(taken) / cycles, 3)},
                      "cycles, score additions per cycle (E per beat) against E x C",
-                     outs[-1] / (time.perf_counter() - wall), routing_histogram=histogram)
+                     outs[-1] / (time.perf_counter() - wall), routing_histogram=histogram,
+                     operations=spikes_in * cfg.experts)

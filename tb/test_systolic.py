@@ -403,10 +403,11 @@ async def _saturated(dut, buffered, jobs):
                # Jobs of K = R (OS) or one output per beat (WS): one output row per cycle is
                # full use of the PEs once the pipeline is filled.
                "steady": round((len(out_edges) - 1) / (out_edges[-1] - out_edges[0]), 4)}
+    macs = macs_per_pe * cfg.rows * cfg.cols * getattr(cfg, "arrays", 1)
     write_throughput(metrics, f"{jobs} jobs, utilization = MACs/(PEs*cycles)",
                      sim_cycles / wall, simulated_cycles=sim_cycles,
                      harness="buffered" if buffered else "per-cycle",
-                     macs=macs_per_pe * cfg.rows * cfg.cols * getattr(cfg, "arrays", 1))
+                     macs=macs, operations=macs)
 
 
 @cocotb.test()

@@ -127,19 +127,3 @@ def test_3d_cli_refuses_blocks_without_tiers():
     from flows.cli import main
     assert main(["verilog", "lif", "--3d"]) == 2
     assert main(["synth", "ndp_core", "--3d"]) == 2
-
-
-def test_count_toggles_counts_bit_flips():
-    from flows.activity import count_toggles
-    assert count_toggles([(0, "0"), (10, "1"), (20, "0")]) == 2
-    assert count_toggles([(0, "101"), (10, "10")]) == 3            # 101 -> 010
-    assert count_toggles([(0, "x1"), (10, "11")]) == 1             # x counts as 0
-
-
-def test_tier_activity_from_a_vcd_of_the_3d_build():
-    from flows.activity import tier_activity
-    from hw.registry import get_block
-    block = get_block("spiking_expert")
-    activity = tier_activity(block, block.config(**SIM_CONFIGS[1]))
-    assert activity["cycles"] > 20
-    assert activity["top_flips_per_cycle"] > 0 and activity["bottom_flips_per_cycle"] > 0

@@ -1,0 +1,113 @@
+"""Switching activity per operation (flows/activity.py): the VCD reader on a hand-made trace,
+and the figures of two real Verilator traces."""
+
+import pytest
+
+from flows.activity import OWN_NETS, activity, part_flips, read_trace
+from hw.registry import all_blocks, get_block
+
+# A top ``dut`` with a clock, a reset, a 3-bit net, a struct-typed net with one field view, a
+# submodule ``sub`` whose port shares the parent's code, and cocotb's $rootio copy of the ports.
+VCD = """$timescale 1ps $end
+ $scope module $rootio $end
+  $var wire 1 ! clk $end
+  $var wire 3 # n [2:0] $end
+ $upscope $end
+ $scope module dut $end
+  $var wire 1 ! clk $end
+  $var wire 1 " rst $end
+  $var wire 3 # n [2:0] $end
+  $var wire 4 $ row [3:0] $end
+  $var wire 2 % row.data [1:0] $end
+  $scope module sub $end
+   $var wire 1 ! clk $end
+   $var wire 3 # in [2:0] $end
+   $var wire 2 & state [1:0] $end
+  $upscope $end
+ $upscope $end
+$enddefinitions $end
+#0
+$dumpvars
+0!
+1"
+bx #
+b0000 $
+b00 %
+b00 &
+$end
+#1
+1!
+0"
+b101 #
+b0011 $
+b11 %
+#2
+0!
+#3
+1!
+b010 #
+b01 &
+#4
+0!
+#5
+1!
+bz1z #
+b10 &
+"""
+
+
+def test_reader_counts_each_bit_flip_once_per_net(tmp_path):
+    path = tmp_path / "t.vcd"
+    path.write_text(VCD)
+    trace = read_trace(path)
+    assert trace.top == "dut" and trace.cycles == 3
+    # n: x00 -> 101 (2) -> 010 (3) -> 010 (z reads 0: 0) ; row 0000 -> 0011 (2);
+    # state 00 -> 01 -> 10 (1 + 2); row.data is a view of row: not counted.
+    parts = part_flips(trace, ("dut",))
+    assert parts == {OWN_NETS: 5 + 2, "sub": 3}
+    assert trace.flips[b"%"] == 2 and b"%" in trace.views
+    assert part_flips(trace, ("dut", "sub")) == {OWN_NETS: 5 + 3}
+
+
+def test_every_block_names_its_operation():
+    assert all(block.operation != "operation" for block in all_blocks())
+
+
+def test_wider_operands_flip_more_bits_per_mac():
+    """A real trace: the 2 x 2 array's test_throughput does 256 MACs (32 jobs of K = 2); with
+    random 16-bit operands more bits flip per MAC than with 4-bit ones."""
+    block = get_block("systolic")
+    narrow, wide = (activity(block, block.config(rows=2, cols=2, in_width=width))
+                    for width in (4, 16))
+    for report in (narrow, wide):
+        assert report["operation"] == "MAC" and report["operations"] == 256
+        assert report["cycles"] > 64
+        assert sum(report["parts_flips_per_operation"].values()) == \
+            pytest.approx(report["flips_per_operation"], abs=0.05)
+        assert set(report["parts_flips_per_operation"]) == {OWN_NETS, "out_fifo"}
+    assert wide["flips_per_operation"] > 1.1 * narrow["flips_per_operation"]
+
+
+def test_tier_activity_of_the_3d_build():
+    block = get_block("spiking_expert")
+    report = activity(block, block.config(rows=3, cols=4, max_tokens=4))
+    assert report["operation"] == "synaptic op" and report["operations"] > 0
+    tiers = report["tiers_flips_per_operation"]
+    assert tiers["top"] > 0 and tiers["bottom"] > 0
+    assert report["tiers_flips_per_cycle"]["top"] > 0
+
+
+def test_an_activity_only_run_adds_to_the_recorded_figures():
+    from flows.docs import merge_bench
+    old = {"generated": "then", "results": [
+        {"block": "lif", "params": "", "cells": 10, "tier_activity": {"top_flips_per_cycle": 1}},
+        {"block": "pmu", "params": "banks=8", "cells": 20}]}
+    new = {"generated": "now", "results": [
+        {"block": "lif", "params": "", "partial": True, "activity": {"flips_per_operation": 3}},
+        {"block": "lif", "params": "other", "partial": True, "activity": {}}]}
+    merged = merge_bench(old, new)
+    assert merged["generated"] == "then"
+    lif, pmu = merged["results"]
+    assert lif == {"generated": "then", "block": "lif", "params": "", "cells": 10,
+                   "activity": {"flips_per_operation": 3, "generated": "now"}}
+    assert pmu == {"generated": "then", "block": "pmu", "params": "banks=8", "cells": 20}
