@@ -53,6 +53,15 @@ def _check_combine(config):
                               f"{width} with combine_dtype {config.combine_dtype} (its codes)")
 
 
+def _check_slots(config):
+    # A token id is in flight at most once (a repeated id waits at the root), so slots beyond
+    # 2**token_width could never fill.
+    if config.max_inflight > 1 << config.token_width:
+        raise param_error("max_inflight", config.max_inflight,
+                          f"at most 2**token_width = {1 << config.token_width} (the token ids "
+                          "in flight are distinct)")
+
+
 def _check_links(config):
     if config.fault_inject and config.link_check == "none":
         raise param_error("fault_inject", config.fault_inject,
@@ -90,7 +99,8 @@ class FlitParams:
     max_flits : int
         P, the longest packet in flits (1..64).
     max_inflight : int
-        Tokens a switch tracks between dispatch and combine (1..64).
+        Tokens a switch tracks between dispatch and combine (1..64, at most 2**token_width:
+        the ids in flight are distinct).
     combine_dtype : str
         ``int`` (wrapping signed sums), ``bf16`` or ``fp32`` (the combine lanes are codes of the
         format, ``acc_width`` its width; each switch adds its children in child order, rounding
@@ -110,6 +120,7 @@ class FlitParams:
     def __post_init__(self):
         validate(self)
         _check_combine(self)
+        _check_slots(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +154,7 @@ class NopConfig(FlitParams):
     def __post_init__(self):
         validate(self)
         _check_combine(self)
+        _check_slots(self)
         _check_leaves(self.fanouts)
         _check_links(self)
 

@@ -285,7 +285,8 @@ async def test_combine_round_robin_slot_order(dut):
     await bench.drain()
     count = min(cfg.max_inflight, bench.fanouts[0])
     bench.hold_returns = True
-    tokens = [10 + j for j in range(count)]          # token 10 + j takes root slot j
+    # token 10 + j (its id: modulo 2**token_width) takes root slot j
+    tokens = [(10 + j) % (1 << cfg.token_width) for j in range(count)]
     for j, token in enumerate(tokens):
         bench.send(bench.random_packet(token, mask=1 << (j * span), flits=flits))
     await wait_for(dut, lambda: sum(len(s.received) for s in bench.leaf_in)
@@ -425,10 +426,14 @@ async def test_wrong_length_returns_are_dropped(dut):
     bench = _setup(dut, "wrong-length")
     await start_after_reset(dut, bench)
     P = bench.cfg.max_flits
-    # Fill every slot's buffer with old data first, so a short return would expose it.
+    # Fill every slot's buffer with old data first, so a short return would expose it; the
+    # fill is checked and forgotten (the cases below may reuse its token ids).
     for token in range(bench.cfg.max_inflight):
         bench.send(bench.random_packet(token, mask=(1 << bench.leaves) - 1, flits=P))
     await bench.drain()
+    bench.check_sums()
+    bench.packets.clear()
+    bench.combined.received.clear()
     cases = [(0, P - 1), (bench.leaves - 1, P + 1), (bench.leaves // 2, P + 3)]
     if P == 1:
         cases[0] = (0, 2)
