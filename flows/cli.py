@@ -157,6 +157,8 @@ def cmd_verilog(args):
     if args.three_d:
         from flows.threed import generate_3d
         _require_tiers(block)
+        if args.sram:
+            raise _UsageError("option '--sram': got it with --3d; allowed: one of them")
         built = generate_3d(block, config, Path(args.output))
         for kind, path in built["paths"].items():
             print(f"wrote {path} ({kind})")
@@ -164,12 +166,19 @@ def cmd_verilog(args):
               f"{built['bond_counts']['up']} up")
         return 0
     try:
-        v_path, j_path, info = generate(block, config, Path(args.output), prefix=args.prefix)
+        v_path, j_path, info = generate(block, config, Path(args.output), prefix=args.prefix,
+                                        sram=args.sram)
     except ValueError as error:
         raise _UsageError(f"option '--prefix': {error}") from None
     count = len(info["modules"])
     print(f"wrote {v_path} (top module {info['top']}, {count} module{'s' * (count > 1)})")
     print(f"wrote {j_path}")
+    if args.sram:
+        sram = info["sram"]
+        print(f"wrote {v_path.parent / sram['models']} (models of "
+              f"{len({m['macro'] for m in sram['macros']})} SRAM macros, "
+              f"{len(sram['macros'])} instances; {len(sram['kept'])} memories kept: "
+              f"{'; '.join(sorted({k['reason'] for k in sram['kept']})) or 'none'})")
     for path in write_package(block, info, Path(args.output), axis=args.axis):
         print(f"wrote {path}")
     return 0
@@ -181,8 +190,11 @@ def cmd_sim(args):
     try:
         if args.three_d:
             _require_tiers(block)
+            if args.sram:
+                raise _UsageError("option '--sram': got it with --3d; allowed: one of them")
         result = run_tests(block, config, args.sim, waves=args.waves,
-                           testcase=args.test or None, seed=args.seed, three_d=args.three_d)
+                           testcase=args.test or None, seed=args.seed, three_d=args.three_d,
+                           sram=args.sram)
     except SimFailure as failure:
         print(f"moegen: FAILED: {failure}", file=sys.stderr)
         return 1
@@ -200,18 +212,25 @@ def cmd_sim(args):
 def cmd_synth(args):
     from flows.synth import SynthError, synthesize
     block, config = _block_and_config(args)
+    if args.no_ram and (args.target == "generic" or args.three_d or args.pnr):
+        raise _UsageError(f"option '--no-ram': got it with "
+                          f"{'--3d' if args.three_d else '--pnr' if args.pnr else 'generic'}; "
+                          "allowed: with --target ecp5 or ice40 (generic maps memories to "
+                          "flip-flops anyway)")
     if args.three_d:
         return _synth_3d(block, config, args.target)
     if args.pnr:
         return _synth_pnr(block, config, args.target, args.seed)
     try:
-        report = synthesize(block, config, args.target)
+        report = synthesize(block, config, args.target, ram=not args.no_ram)
     except SynthError as failure:
         print(f"moegen: FAILED: {failure}", file=sys.stderr)
         return 1
-    print(table(["block", "target", "cells", "flip-flops", "LUTs", "DSPs"],
-                 [(block.name, args.target, report["cells"], report["flip_flops"],
-                   report["luts"], report["dsps"])]))
+    print(table(["block", "target", "cells", "flip-flops", "LUTs", "DSPs", "block RAMs",
+                 "LUT RAMs"],
+                 [(block.name, args.target + ("" if report["ram"] else " (no RAM)"),
+                   report["cells"], report["flip_flops"], report["luts"], report["dsps"],
+                   report["block_rams"], report["lut_rams"])]))
     print(f"report: {report['json']}")
     return 0
 
@@ -361,6 +380,9 @@ def _parser():
                    "the top keeps the block's name and submodules take the derived prefix")
     p.add_argument("--axis", action="store_true",
                    help="also write BLOCK_axis.v: the top with AXI4-Stream port names")
+    p.add_argument("--sram", action="store_true",
+                   help="ASIC flows: every memory an SRAM can take becomes a macro instance; "
+                        "BLOCK_sram.v holds their behavioural models, the manifest lists them")
     p.set_defaults(func=cmd_verilog)
     p = sub.add_parser("lint", help="Verilator -Wall warnings of the generated Verilog, per "
                        "block, split into the code generator's and moegen's own")
@@ -377,6 +399,8 @@ def _parser():
     p.add_argument("--seed", type=int, default=1234, help="random seed of the tests")
     p.add_argument("--3d", dest="three_d", action="store_true",
                    help="simulate the two-tier 3D build in lockstep with the 2D build")
+    p.add_argument("--sram", action="store_true",
+                   help="simulate the --sram Verilog (SRAM macros by their models)")
     p.set_defaults(func=cmd_sim)
     p = sub.add_parser("formal", help="prove the stream rules of every port and the block's invariants "
                        "(SymbiYosys)")
@@ -409,6 +433,9 @@ def _parser():
     p.add_argument("--pnr", action="store_true",
                    help="place and route with nextpnr (ecp5): Fmax, critical path, device use")
     p.add_argument("--seed", type=int, default=1, help="nextpnr's placement seed (--pnr)")
+    p.add_argument("--no-ram", action="store_true",
+                   help="map every memory to flip-flops (ecp5, ice40): the figures before RAM "
+                        "mapping")
     p.set_defaults(func=cmd_synth)
     p = sub.add_parser("sweep", help="the cross product of parameter values as jobs on Dask "
                        "(simulation, synthesis, place and route), cached; table, CSV, JSON, "

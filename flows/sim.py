@@ -111,7 +111,7 @@ def buffered_tests(block):
 
 
 def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234, quiet=False,
-              three_d=False, optimize=False):
+              three_d=False, optimize=False, sram=False):
     """Build ``block`` with ``config`` and run its cocotb tests on ``simulator``.
 
     Parameters
@@ -134,6 +134,9 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
         by side, the tests seeing the 2D outputs and a sticky ``mismatch`` output.
     optimize : bool
         Build the Verilator model with -Os (for speed figures) instead of -O0 (quick builds).
+    sram : bool
+        Simulate the ``--sram`` Verilog (:mod:`flows.sram`): the memories that SRAM macros can
+        take are macro instances, simulated by their behavioural models.
 
     Returns
     -------
@@ -150,7 +153,7 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
     """
     if simulator not in SIMULATORS:
         raise ValueError(f"simulator {simulator!r}: unknown; allowed: {', '.join(SIMULATORS)}")
-    buffered = [] if three_d else buffered_tests(block)
+    buffered = [] if three_d or sram else buffered_tests(block)
     if testcase is None:
         runs = [("direct", None)] + ([("buffered", buffered)] if buffered else [])
         label = "all"
@@ -161,7 +164,7 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
                                                            else [])
         label = ",".join(testcase)
     results = [_run_one(block, config, simulator, harness, names, label, waves=waves, seed=seed,
-                        quiet=quiet, three_d=three_d, optimize=optimize,
+                        quiet=quiet, three_d=three_d, optimize=optimize, sram=sram,
                         exclude=buffered if harness == "direct" else ())
                for harness, names in runs]
     last = results[-1]
@@ -201,7 +204,7 @@ def _drop_intermediates(build_dir):
 
 
 def _run_one(block, config, simulator, harness, testcase, label, *, waves, seed, quiet, three_d,
-             optimize, exclude):
+             optimize, exclude, sram=False):
     """One build and run: ``harness`` "direct" (the block, every test but ``exclude``) or
     "buffered" (``BLOCK_buffered``, the ``testcase`` names)."""
     from cocotb_tools.runner import get_runner
@@ -209,15 +212,19 @@ def _run_one(block, config, simulator, harness, testcase, label, *, waves, seed,
 
     toolchain.activate()
     root = toolchain.BUILD_ROOT / "sim" / f"{block.name}-{config_key(block, config)}"
-    build_dir = root / (simulator + ("-3d" if three_d else "") + ("-buffered" if harness ==
-                                                                   "buffered" else "")
+    build_dir = root / (simulator + ("-3d" if three_d else "") + ("-sram" if sram else "")
+                        + ("-buffered" if harness == "buffered" else "")
                         + ("-waves" if waves else "")
                         + ("-opt" if optimize and simulator == "verilator" else ""))
     runner = get_runner(simulator)
     toplevel = block.name
     with _locked(root):
-        v_path, m_path, info = generate(block, config, root / "rtl")
-        sources = [v_path]
+        if sram:
+            v_path, m_path, info = generate(block, config, root / "rtl-sram", sram=True)
+            sources = [v_path, v_path.parent / info["sram"]["models"]]
+        else:
+            v_path, m_path, info = generate(block, config, root / "rtl")
+            sources = [v_path]
         ports = [port["name"] for port in info["ports"]]
         if three_d:
             built3d = generate_3d(block, config, root / "rtl")["paths"]

@@ -6,6 +6,12 @@ later calls are cached by yowasp). Targets:
 - ``generic``: ``synth -lut 4`` (technology-independent gates, logic mapped to 4-input LUTs);
 - ``ice40``: ``synth_ice40 -dsp`` (SB_LUT4, SB_DFF*, SB_MAC16);
 - ``ecp5``: ``synth_ecp5`` (LUT4, TRELLIS_FF, MULT18X18D).
+
+On the FPGA targets Yosys maps each ``amaranth.lib.memory`` memory to block RAM (ECP5 DP16KD,
+iCE40 SB_RAM40_4K: a registered read port is needed) or, on ECP5, to LUT RAM (TRELLIS_DPR16X4:
+asynchronous reads too) where its shape allows, and to flip-flops otherwise; ``ram=False``
+(``moegen synth --no-ram``) maps every memory to flip-flops, the figures before RAM mapping.
+The generic target maps every memory to flip-flops (``memory_map``).
 """
 
 import json
@@ -30,14 +36,17 @@ TARGETS = {
     "generic": ("proc; setattr -unset init; synth -top {top} -lut 4{flatten}{noabc} -run :fine; "
                 "memory_map; setattr -unset init; synth -top {top} -lut 4{flatten}{noabc} "
                 "-run fine:"),
-    "ice40": "synth_ice40 -top {top} -dsp",
-    "ecp5": "synth_ecp5 -top {top}",
+    "ice40": "synth_ice40 -top {top} -dsp{noram}",
+    "ecp5": "synth_ecp5 -top {top}{noram}",
 }
+NO_RAM = {"generic": "", "ice40": " -nobram", "ecp5": " -nobram -nolutram"}
 
 _FF = re.compile(r"^(\$_(S?DFF|DFFE|SDFFE|SDFFCE|ALDFF|DFFSR|DLATCH)\w*|\$(s?dff|dffe|sdffe|adff)\w*"
                  r"|SB_DFF\w*|TRELLIS_FF)$")
 _LUT = re.compile(r"^(\$lut|SB_LUT4|LUT4|LUT[1-6])$")
 _DSP = re.compile(r"^(SB_MAC16|MULT18X18D|ALU54B|\$mul|\$__MUL\w*)$")
+_BRAM = re.compile(r"^(DP16KD|PDPW16KD|SB_RAM40_4K|SB_SPRAM256KA)$")
+_LUTRAM = re.compile(r"^(TRELLIS_DPR16X4|DPR16X4C|SPR16X4C)$")
 
 
 def _yosys():
@@ -50,25 +59,29 @@ class SynthError(RuntimeError):
 
 
 def summarize(cell_counts):
-    """cells, flip_flops, luts, dsps of a cell-count dict."""
+    """cells, flip_flops, luts, dsps, block_rams and lut_rams of a cell-count dict."""
     def count(pattern):
         return sum(n for cell, n in cell_counts.items() if pattern.match(cell))
     return {"cells": sum(cell_counts.values()), "flip_flops": count(_FF), "luts": count(_LUT),
-            "dsps": count(_DSP)}
+            "dsps": count(_DSP), "block_rams": count(_BRAM), "lut_rams": count(_LUTRAM)}
 
 
-def synthesize_files(paths, top, target, out_dir, stem, flatten=True, abc=True, netlist=None):
+def synthesize_files(paths, top, target, out_dir, stem, flatten=True, abc=True, netlist=None,
+                     ram=True):
     """Run Yosys on Verilog ``paths`` (in ``out_dir``) for module ``top``; returns the cell
     counts by type (over the whole hierarchy when ``flatten`` is False: the generic target
     then maps each module on its own; without ``abc`` it maps gates to LUTs one by one,
     ``gate2lut``); with ``netlist`` (a file name in ``out_dir``) also writes the mapped netlist
-    as JSON for nextpnr. Raises :class:`SynthError` with the end of the log."""
+    as JSON for nextpnr; without ``ram`` every memory is mapped to flip-flops. Raises
+    :class:`SynthError` with the end of the log."""
     toolchain.activate()
     out_dir = Path(out_dir)
+    stem = stem if ram else f"{stem}-noram"
     stat_path = out_dir / f"{stem}.{target}.stat.json"
     script = ("".join(f"read_verilog {Path(p).name}; " for p in paths)
               + TARGETS[target].format(top=top, flatten=" -flatten" if flatten else "",
-                                       noabc="" if abc else " -noabc")
+                                       noabc="" if abc else " -noabc",
+                                       noram="" if ram else NO_RAM[target])
               + f"; tee -q -o {stat_path.name} stat -json"
               + (f"; write_json {netlist}" if netlist else ""))
     log_path = out_dir / f"{stem}.{target}.yosys.log"
@@ -98,24 +111,26 @@ def prepare(block, config, out_dir=None):
     return out_dir, v_path, info
 
 
-def synthesize(block, config, target="generic", out_dir=None):
-    """Synthesize ``block`` with ``config`` for ``target``.
+def synthesize(block, config, target="generic", out_dir=None, ram=True):
+    """Synthesize ``block`` with ``config`` for ``target`` (``ram``: memories may map to RAM
+    cells, see the module doc).
 
     Returns
     -------
     dict
-        ``cells``, ``flip_flops``, ``luts``, ``dsps``, ``cell_types`` (every cell type and its
-        count), ``target``, ``params``, and ``json`` (path of the report written).
+        ``cells``, ``flip_flops``, ``luts``, ``dsps``, ``block_rams``, ``lut_rams``,
+        ``cell_types`` (every cell type and its count), ``target``, ``ram``, ``params``, and
+        ``json`` (path of the report written).
     """
     if target not in TARGETS:
         raise ValueError(f"target {target!r}: unknown; allowed: {', '.join(TARGETS)}")
     out_dir, v_path, info = prepare(block, config, out_dir)
     cell_counts = synthesize_files([v_path], block.name, target, out_dir, block.name,
-                                   flatten=block.flatten(config), abc=block.abc(config))
-    report = {"block": block.name, "target": target, "params": info["params"],
+                                   flatten=block.flatten(config), abc=block.abc(config), ram=ram)
+    report = {"block": block.name, "target": target, "ram": ram, "params": info["params"],
               "abc": block.abc(config),
               **summarize(cell_counts), "cell_types": dict(sorted(cell_counts.items()))}
-    report_path = out_dir / f"{block.name}.{target}.synth.json"
+    report_path = out_dir / f"{block.name}{'' if ram else '-noram'}.{target}.synth.json"
     write_if_changed(report_path, json.dumps(report, indent=2) + "\n")
     report["json"] = str(report_path)
     return report

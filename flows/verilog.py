@@ -169,11 +169,12 @@ def _plain_module_names(text, top, prefix):
     return pattern.sub(lambda match: mapping[match.group(0)], text)
 
 
-def convert(component, name, prefix=None):
+def convert(component, name, prefix=None, platform=None):
     """Verilog text of ``component`` as module ``name``, every submodule renamed to the plain
     identifier ``<prefix>__<path>`` (``prefix`` defaults to ``name``); the Icarus time-0 settle
-    included."""
-    text = verilog.convert(component, name=name, emit_src=False, strip_internal_attrs=True)
+    included. ``platform``: elaborated with it (:class:`flows.sram.SramPlatform`)."""
+    text = verilog.convert(component, name=name, platform=platform, emit_src=False,
+                           strip_internal_attrs=True)
     return _settle_at_time_zero(_plain_module_names(text, name, prefix or name))
 
 
@@ -223,9 +224,11 @@ def generator_digest():
     return digest.hexdigest()
 
 
-def generate(block, config, out_dir, prefix=None):
+def generate(block, config, out_dir, prefix=None, sram=False):
     """Write ``out_dir/<block>.v`` (top module ``<block>``, or as :func:`naming` gives for
-    ``prefix``) and ``out_dir/<block>.json``.
+    ``prefix``) and ``out_dir/<block>.json``; with ``sram``, every memory an SRAM macro can
+    take is a black-box instance (:mod:`flows.sram`), ``out_dir/<block>_sram.v`` holds the
+    macros' behavioural models and the manifest's ``sram`` lists them.
 
     A folder already holding them for the same block, configuration and generator sources
     (``<block>.stamp``) is reused as it is: the simulators, synthesis and the 3D flow of one
@@ -240,14 +243,26 @@ def generate(block, config, out_dir, prefix=None):
     v_path, j_path = out_dir / f"{block.name}.v", out_dir / f"{block.name}.json"
     stamp_path = out_dir / f"{block.name}.stamp"
     top, sub_prefix = naming(block, config, prefix)
-    stamp = f"{config_key(block, config)} {top} {sub_prefix} {generator_digest()}\n"
-    if is_fresh(stamp_path, stamp, (v_path, j_path)):
+    models_path = out_dir / f"{block.name}_sram.v"
+    stamp = (f"{config_key(block, config)} {top} {sub_prefix} {generator_digest()}"
+             f"{' sram' if sram else ''}\n")
+    if is_fresh(stamp_path, stamp, (v_path, j_path, *([models_path] if sram else []))):
         return v_path, j_path, json.loads(j_path.read_text())
     component = block.build(config)
-    text = convert(component, top, sub_prefix)
+    platform = None
+    if sram:
+        from flows.sram import SramPlatform
+        platform = SramPlatform()
+    text = convert(component, top, sub_prefix, platform)
     info = manifest(block, config, component)
     info["top"] = top
     info["modules"] = module_names(text)
+    if sram:
+        from flows.sram import macro_instances, macro_models
+        write_if_changed(models_path, macro_models(platform.macros))
+        info["sram"] = {"models": models_path.name,
+                        "macros": macro_instances(text, platform.macros, sub_prefix),
+                        "kept": platform.kept}
     write_if_changed(v_path, text)
     write_if_changed(j_path, json.dumps(info, indent=2) + "\n")
     stamp_path.write_text(stamp)
