@@ -130,7 +130,8 @@ def _operations(result, block):
 
 def activity(block, config, testcase="test_throughput"):
     """Bit flips per operation of ``testcase`` on Verilator, in total and per part; per tier
-    too for a block with a 3D build (see the module doc). Returns a dict for ``build/bench.json``."""
+    too for a block with a 3D build (see the module doc). Returns a dict for
+    ``build/bench.json``."""
     three_d = block.tiers is not None
     result = run_tests(block, config, "verilator", testcase=[testcase], waves=True,
                        quiet=True, three_d=three_d)

@@ -6,8 +6,9 @@ second), the same Verilog in a bare Verilator loop (:mod:`flows.bare`, the ceili
 cycles per second are a fraction of), Yosys generic synthesis (cells, flip-flops, LUTs, cells per
 PE), place and route on ECP5 and the switching activity per operation (bit flips of
 ``test_throughput``'s VCD per MAC, flit, synaptic op..., per part and, for two-tier blocks, per
-tier: a relative energy indicator, :mod:`flows.activity`); written to ``build/bench.json``. demo: per configuration, Verilog, the
-full cocotb suite on Verilator against the golden model, and synthesis, as one summary table.
+tier: a relative energy indicator, :mod:`flows.activity`); written to ``build/bench.json``.
+demo: per configuration, Verilog, the full cocotb suite on Verilator against the golden model,
+and synthesis, as one summary table.
 """
 
 import json

@@ -27,7 +27,7 @@ __all__ = ["CLOCK_PERIOD_NS", "STALL_PROFILES", "LONG_BURSTS", "ProtocolError", 
            "StreamMonitor", "StreamSink", "StreamBench", "PipeBench", "JobBench",
            "InOrderScoreboard", "beats_per_cycle",
            "stream_layout", "Worker",
-           "wait_for", "check_in_order"]
+           "wait_for"]
 
 CLOCK_PERIOD_NS = 10
 
@@ -211,6 +211,11 @@ class _StreamEnd(Worker):
         self._layout = layout
         self._codec = codec(layout)
         self._rng = rng
+
+    @property
+    def layout(self):
+        """The port's payload layout."""
+        return self._layout
 
     def stop(self):
         """Stop working the port and drive it idle."""
@@ -507,13 +512,19 @@ class JobBench(StreamBench):
             "state survived the reset")
 
     def comparisons(self):
-        """``(what, received, expected)`` lists :meth:`check` compares (set by the subclass)."""
+        """``(sink, fields, expected)`` for each output :meth:`check` compares (set by the
+        subclass): the sink's name, the payload fields in the order of the expected tuples,
+        and the expected beats as such tuples."""
         raise NotImplementedError
 
     def check(self):
-        """Every received list equals its expected list, in order; ``error`` stayed low."""
-        for what, got, expected in self.comparisons():
-            check_in_order(got, expected, what)
+        """Every output's beats are exactly its expected ones, in order, compared by the
+        in-order scoreboard as payload bits; ``error`` stayed low."""
+        for sink, fields, expected in self.comparisons():
+            board = InOrderScoreboard(sink, self.sinks[sink].layout)
+            for beat in expected:
+                board.expect_payload(dict(zip(fields, beat)))
+            board.check(self.sinks[sink])
         assert not self.dut.error.value, "error set by valid jobs"
 
     async def reject_commands(self, good, changes):
@@ -525,13 +536,6 @@ class JobBench(StreamBench):
             await ClockCycles(self.dut.clk, 3)
             assert self.dut.error.value == 1 and not self.dut.busy.value, (
                 f"{change} not rejected")
-
-
-def check_in_order(got, expected, what):
-    """Assert two lists of beats are equal, naming the first difference."""
-    assert len(got) == len(expected), f"{len(got)} {what}s, expected {len(expected)}"
-    for index, (have, want) in enumerate(zip(got, expected)):
-        assert have == want, f"{what} {index}: got {have}, expected {want}"
 
 
 class InOrderScoreboard:

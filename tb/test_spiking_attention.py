@@ -62,7 +62,7 @@ class AttentionBench(JobBench):
                 for _, b in self.out.received]
 
     def comparisons(self):
-        return [("beat", self.results(), self.expected)]
+        return [("out", ("spikes", "timestep", "feature", "last"), self.expected)]
 
 
 def _setup(dut, salt, **kwargs):

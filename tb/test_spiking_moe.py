@@ -81,8 +81,8 @@ class MoeBench(JobBench):
                 for _, b in self.sinks["out"].received]
 
     def comparisons(self):
-        return [("route", self.routes(), self.expected_routes),
-                ("beat", self.results(), self.expected)]
+        return [("route", ("token", "experts", "scores", "last"), self.expected_routes),
+                ("out", ("spikes", "token", "timestep", "tile", "last"), self.expected)]
 
 
 def _setup(dut, salt, **kwargs):
