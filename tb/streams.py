@@ -451,6 +451,15 @@ class StreamBench:
         for port in self.ports:
             port.stop()
 
+    def check_output(self, sink, expected, fields=None):
+        """Assert ``sink`` received exactly ``expected``, in order, through the in-order
+        scoreboard (payload bits; the first difference decoded). ``expected``: payload dicts,
+        or tuples of the payload ``fields`` in that order."""
+        board = InOrderScoreboard(sink, self.sinks[sink].layout)
+        for beat in expected:
+            board.expect_payload(dict(zip(fields, beat)) if fields else beat)
+        board.check(self.sinks[sink])
+
     def transfers(self):
         """Beats the sources sent and the sinks received so far (a flit count of a network)."""
         return (sum(len(source.sent_edges) for source in self.sources.values())
@@ -521,10 +530,7 @@ class JobBench(StreamBench):
         """Every output's beats are exactly its expected ones, in order, compared by the
         in-order scoreboard as payload bits; ``error`` stayed low."""
         for sink, fields, expected in self.comparisons():
-            board = InOrderScoreboard(sink, self.sinks[sink].layout)
-            for beat in expected:
-                board.expect_payload(dict(zip(fields, beat)))
-            board.check(self.sinks[sink])
+            self.check_output(sink, expected, fields)
         assert not self.dut.error.value, "error set by valid jobs"
 
     async def reject_commands(self, good, changes):

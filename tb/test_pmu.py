@@ -93,13 +93,9 @@ class PMUBench(StreamBench):
 
     def check_reads(self):
         """Every read beat equals the golden one: data, per-lane valid, last; none extra."""
-        got = [([int(x) for x in beat.data],
-                [(int(beat.valid) >> v) & 1 for v in range(self.cfg.lanes)], int(beat.last))
-               for _, beat in self.r.received]
-        assert len(got) == len(self.expected), \
-            f"r: received {len(got)} beats, expected {len(self.expected)}"
-        for index, (have, want) in enumerate(zip(got, self.expected)):
-            assert have == want, f"r: beat {index}: got {have}, expected {want}"
+        self.check_output("r", [{"data": data, "last": last,
+                                 "valid": sum(bit << v for v, bit in enumerate(valid))}
+                                for data, valid, last in self.expected])
 
 
 async def _setup(dut, salt, gap=0.0, stall=0.0):

@@ -58,11 +58,7 @@ class RouterBench(StreamBench):
         await ClockCycles(self.dut.clk, 5)
 
     def check(self):
-        got = [(int(r.token), [int(x) for x in r.expert], [int(x) for x in r.score], int(r.mask))
-               for _, r in self.routes.received]
-        assert len(got) == len(self.expected), f"{len(got)} routes, expected {len(self.expected)}"
-        for index, (have, want) in enumerate(zip(got, self.expected)):
-            assert have == want, f"route {index}: got {have}, expected {want}"
+        self.check_output("route", self.expected, ("token", "expert", "score", "mask"))
 
 
 def _setup(dut, salt, **kwargs):

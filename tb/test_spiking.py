@@ -56,12 +56,8 @@ class LifBench(StreamBench):
         return golden.lif_run(steps, self.cfg.v_width, self.cfg.neurons)
 
     def check(self):
-        want = self.expected()
-        got = [([int(beat.spikes) >> i & 1 for i in range(self.cfg.neurons)],
-                [int(v) for v in beat.v], int(beat.last)) for _, beat in self.s.received]
-        assert len(got) == len(want), f"{len(got)} steps out, expected {len(want)}"
-        for index, (have, expect) in enumerate(zip(got, want)):
-            assert have == tuple(expect), f"step {index}: got {have}, expected {expect}"
+        self.check_output("s", [{"spikes": sum(bit << i for i, bit in enumerate(spikes)),
+                                 "v": v, "last": last} for spikes, v, last in self.expected()])
 
 
 def _setup(dut, salt, **kwargs):
