@@ -96,30 +96,41 @@ def _write(output, records):
     print(f"wrote {output}")
 
 
-def run_activity(output, blocks=None):
-    """Only the switching activity of every demo configuration (of ``blocks``): partial records
-    (``moegen docs --bench`` adds them to the recorded figures of the same configuration)."""
+PARTS = {"activity": ("switching activity per operation (VCD)", "activity"),
+         "pnr": ("place and route (nextpnr, ecp5)", "pnr_ecp5")}
+
+
+def run_part(output, part, blocks=None):
+    """Only one part of the bench (``PARTS``: the switching activity, or place and route) for
+    every demo configuration (of ``blocks``): partial records, which ``moegen docs --bench``
+    adds to the recorded figures of the same configurations."""
+    what, key = PARTS[part]
+    measure = {"activity": activity, "pnr": _pnr_figures}[part]
     records = []
     for block, config, label in demo_configurations():
         if blocks and block.name not in blocks:
             continue
-        print(f"bench: {block.name} {label} switching activity per operation (VCD)", flush=True)
+        print(f"bench: {block.name} {label} {what}", flush=True)
         records.append({"block": block.name, "params": label, "partial": True,
-                        "activity": activity(block, config)})
-    print(activity_table(records))
+                        key: measure(block, config)})
+    if part == "activity":
+        print(activity_table(records))
+    else:
+        print(table(["block", "params", "ECP5 Fmax"],
+                    [(r["block"], r["params"], fmax_text(r[key])) for r in records]))
     _write(output, records)
     return 0
 
 
-def run_bench(output, blocks=None, activity_only=False):
+def run_bench(output, blocks=None, only=None):
     """Run the benchmarks (of ``blocks``, names, or every block); print a table and write
     ``output`` (JSON). Returns the exit status.
 
     Each block's cocotb ``test_throughput`` measures its own figures (asserted against its
     golden cycle model) and writes them with the simulated cycles per wall second.
     """
-    if activity_only:
-        return run_activity(output, blocks)
+    if only:
+        return run_part(output, only, blocks)
     records, rows = [], []
     for block, config, label in demo_configurations():
         if blocks and block.name not in blocks:

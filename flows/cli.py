@@ -295,7 +295,7 @@ def cmd_bench(args):
         for name in args.block:
             if name not in names:
                 raise _UsageError(f"option '--block': got {name}; allowed: {', '.join(names)}")
-    return run_bench(Path(args.output), args.block, activity_only=args.activity_only)
+    return run_bench(Path(args.output), args.block, only=args.only)
 
 
 def cmd_demo(args):
@@ -460,9 +460,9 @@ def _parser():
     p.add_argument("--block", action="append", metavar="NAME",
                    help="bench only this block (repeatable); `moegen docs --bench` then "
                         "replaces only its records")
-    p.add_argument("--activity-only", action="store_true",
-                   help="measure only the switching activity per operation; `moegen docs "
-                        "--bench` then adds it to the recorded figures")
+    p.add_argument("--only", choices=["activity", "pnr"],
+                   help="measure only the switching activity per operation, or only place and "
+                        "route; `moegen docs --bench` then adds it to the recorded figures")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("demo", help="the MoE layer end to end (generate, simulate against "
                        "NumPy, synthesize, one page and a picture)")

@@ -185,7 +185,7 @@ def _mutation():
 def merge_bench(old, new):
     """The bench record with ``new``'s blocks replacing ``old``'s (a `moegen bench --block`
     run updates only its blocks); every record keeps the time of the run that measured it.
-    A partial record (`moegen bench --activity-only`) adds its activity, with its own time, to
+    A partial record (`moegen bench --only PART`) adds its figures, each with its own time, to
     the recorded configuration of the same block and parameters."""
     def stamped(record):
         return [{"generated": record.get("generated", "?"), **r}
@@ -197,9 +197,11 @@ def merge_bench(old, new):
     for partial in (r for r in stamped(new) if r.get("partial")):
         for record in results:
             if (record["block"], record["params"]) == (partial["block"], partial["params"]):
-                record.pop("tier_activity", None)       # the older per-tier-only figure
-                record["activity"] = {**partial["activity"],
-                                      "generated": partial["generated"]}
+                if "activity" in partial:
+                    record.pop("tier_activity", None)   # the older per-tier-only figure
+                for key, value in partial.items():
+                    if key not in ("block", "params", "partial", "generated"):
+                        record[key] = {**value, "generated": partial["generated"]}
     return {"generated": new.get("generated", "?") if fresh else old.get("generated", "?"),
             "results": results}
 

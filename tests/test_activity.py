@@ -97,17 +97,19 @@ def test_tier_activity_of_the_3d_build():
     assert report["tiers_flips_per_cycle"]["top"] > 0
 
 
-def test_an_activity_only_run_adds_to_the_recorded_figures():
+def test_a_partial_bench_run_adds_to_the_recorded_figures():
     from flows.docs import merge_bench
     old = {"generated": "then", "results": [
         {"block": "lif", "params": "", "cells": 10, "tier_activity": {"top_flips_per_cycle": 1}},
         {"block": "pmu", "params": "banks=8", "cells": 20}]}
     new = {"generated": "now", "results": [
         {"block": "lif", "params": "", "partial": True, "activity": {"flips_per_operation": 3}},
-        {"block": "lif", "params": "other", "partial": True, "activity": {}}]}
+        {"block": "lif", "params": "other", "partial": True, "activity": {}},
+        {"block": "pmu", "params": "banks=8", "partial": True, "pnr_ecp5": {"fmax_mhz": 99.0}}]}
     merged = merge_bench(old, new)
     assert merged["generated"] == "then"
     lif, pmu = merged["results"]
     assert lif == {"generated": "then", "block": "lif", "params": "", "cells": 10,
                    "activity": {"flips_per_operation": 3, "generated": "now"}}
-    assert pmu == {"generated": "then", "block": "pmu", "params": "banks=8", "cells": 20}
+    assert pmu == {"generated": "then", "block": "pmu", "params": "banks=8", "cells": 20,
+                   "pnr_ecp5": {"fmax_mhz": 99.0, "generated": "now"}}
