@@ -64,6 +64,8 @@ def _figures_table(name, bench):
     block = get_block(name)
     rows = []
     for r in records:
+        if "synth_generic" not in r:        # only a partial run's figures (activity, pnr)
+            continue
         units = r.get(block.area_unit + "s", 1)
         area = r["synth_generic"]
         bare = r.get("bare_verilator_cycles_per_second")
@@ -79,7 +81,8 @@ def _figures_table(name, bench):
                      f"{area['luts']:,}{mapped}",
                      f"{area['cells'] / units:,.0f} per {block.area_unit}",
                      fmax_text(r.get("pnr_ecp5"))))
-    when = records[0].get("generated", bench.get("generated", "?"))
+    full = [r for r in records if "synth_generic" in r] or records
+    when = full[0].get("generated", bench.get("generated", "?"))
     note = (f"From `make bench` of {when} (docs/bench.json): figures "
             "measured by `test_throughput` on Verilator and asserted against the golden cycle "
             "model; simulated cycles per wall-clock second on both simulators (noisy: compare "
@@ -195,13 +198,17 @@ def merge_bench(old, new):
     kept = [r for r in stamped(old) if r["block"] not in blocks]
     results = kept + fresh
     for partial in (r for r in stamped(new) if r.get("partial")):
-        for record in results:
-            if (record["block"], record["params"]) == (partial["block"], partial["params"]):
-                if "activity" in partial:
-                    record.pop("tier_activity", None)   # the older per-tier-only figure
-                for key, value in partial.items():
-                    if key not in ("block", "params", "partial", "generated"):
-                        record[key] = {**value, "generated": partial["generated"]}
+        record = next((r for r in results if (r["block"], r["params"])
+                       == (partial["block"], partial["params"])), None)
+        if record is None:                  # a configuration no full run has measured yet
+            record = {"generated": partial["generated"], "block": partial["block"],
+                      "params": partial["params"]}
+            results.append(record)
+        if "activity" in partial:
+            record.pop("tier_activity", None)   # the older per-tier-only figure
+        for key, value in partial.items():
+            if key not in ("block", "params", "partial", "generated"):
+                record[key] = {**value, "generated": partial["generated"]}
     return {"generated": new.get("generated", "?") if fresh else old.get("generated", "?"),
             "results": results}
 

@@ -108,7 +108,9 @@ def test_a_partial_bench_run_adds_to_the_recorded_figures():
         {"block": "pmu", "params": "banks=8", "partial": True, "pnr_ecp5": {"fmax_mhz": 99.0}}]}
     merged = merge_bench(old, new)
     assert merged["generated"] == "then"
-    lif, pmu = merged["results"]
+    lif, pmu, other = merged["results"]
+    assert other == {"generated": "now", "block": "lif", "params": "other",
+                     "activity": {"generated": "now"}}
     assert lif == {"generated": "then", "block": "lif", "params": "", "cells": 10,
                    "activity": {"flips_per_operation": 3, "generated": "now"}}
     assert pmu == {"generated": "then", "block": "pmu", "params": "banks=8", "cells": 20,
