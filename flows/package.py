@@ -107,6 +107,8 @@ def core_name(info, defaults):
     name = "-".join(re.sub(r"[^A-Za-z0-9_.]", "_", str(part)) for part in parts)
     if info["top"] != info["block"]:
         name += f"-{info['top']}"
+    if "sram" in info:                  # memories as SRAM macros: another netlist
+        name += "-sram"
     return name
 
 
@@ -156,9 +158,12 @@ targets:
 
 def write_package(block, info, out_dir, axis=False):
     """Beside a generated ``BLOCK.v`` (manifest ``info``) in ``out_dir``: with ``axis``,
-    ``BLOCK_axis.v``; always ``BLOCK.core``. Returns the paths written."""
+    ``BLOCK_axis.v``; always ``BLOCK.core`` (its rtl fileset with the SRAM macros' models when
+    the Verilog was generated with ``sram``). Returns the paths written."""
     out_dir = Path(out_dir)
     files, paths = [f"{block.name}.v"], []
+    if "sram" in info:                  # the SRAM macros' behavioural models
+        files.append(info["sram"]["models"])
     if axis:
         _, text = axis_wrapper(info)
         paths.append(out_dir / f"{block.name}_axis.v")

@@ -46,6 +46,10 @@ def test_sram_macros_replace_the_synchronous_memories(tmp_path):
     assert len(re.findall(r"^\s*moegen_sram_64x16_1r1w macro \(", text, re.M)) == 8
     models = (tmp_path / sram["models"]).read_text()
     assert models.count("module moegen_sram_64x16_1r1w (") == 1
+    from flows.package import write_package
+    core = next(p for p in write_package(block, info, tmp_path) if p.suffix == ".core")
+    text = core.read_text()
+    assert "name: moegen:blocks:pmu-sram:" in text and "      - pmu_sram.v" in text
 
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
