@@ -240,7 +240,7 @@ def _synth_pnr(block, config, target, seed):
     from flows.synth import SynthError
     if target not in DEVICE:
         print(f"moegen: error: --pnr: target {target!r} not supported; allowed: "
-              f"{', '.join(DEVICE)} (nextpnr-ice40 cannot place out of context)", file=sys.stderr)
+              f"{', '.join(DEVICE)} (a device's place and route)", file=sys.stderr)
         return 2
     try:
         r = pnr_block(block, config, target, seed)
@@ -253,6 +253,9 @@ def _synth_pnr(block, config, target, seed):
                   r["block_rams"], r["dsps"])]))
     print(f"critical path: {path['from']} -> {path['to']}, {path['logic_levels']} logic levels, "
           f"{path['delay_ns']} ns ({path['logic_ns']} ns in logic); seed {r['seed']}")
+    if "harness_flip_flops" in r:
+        print(f"pin harness: {r['harness_flip_flops']} of the flip-flops are the harness's "
+              "(input shift register, output registers)")
     print(f"report: {r['json']}")
     return 0
 

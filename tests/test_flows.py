@@ -1,5 +1,6 @@
 """Toolchain discovery and the generic flows (independent of any one block)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -95,9 +96,27 @@ def test_place_and_route_is_seeded_and_reproducible(tmp_path):
         {k: first[k] for k in ("fmax_mhz", "critical_path", "luts")}
 
 
-def test_pnr_refuses_ice40_with_one_line(capsys):
+def test_ice40_place_and_route_runs_the_block_inside_a_pin_harness(tmp_path):
+    """An UP5K has 39 pins: the block runs inside BLOCK_pins (a shift register drives every
+    input bit, registered outputs are XORed into one pin); its path limits Fmax."""
+    from flows.pnr import pin_harness, pnr_block
+    block = get_block("lif")
+    config = block.config(neurons=2, x_width=4, v_width=6)
+    report = pnr_block(block, config, "ice40", seed=1, out_dir=tmp_path)
+    info = json.loads((tmp_path / "lif.json").read_text())
+    top, text, flops = pin_harness(info)
+    assert top == "lif_pins" and "module lif_pins (input wire clk" in text
+    ins = sum(p["width"] for p in info["ports"] if p["direction"] == "in") - 2   # clk, rst
+    outs = sum(p["width"] for p in info["ports"] if p["direction"] == "out")
+    assert flops == ins + outs == report["harness_flip_flops"]
+    assert report["flip_flops"] > flops and 5 < report["fmax_mhz"] < 500
+    assert report["critical_path"]["from"].startswith("dut.") or \
+        report["critical_path"]["to"].startswith("dut.")
+
+
+def test_pnr_refuses_the_generic_target_with_one_line(capsys):
     from flows.cli import main
-    assert main(["synth", "systolic", "--target", "ice40", "--pnr"]) == 2
+    assert main(["synth", "systolic", "--target", "generic", "--pnr"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "ice40" in err[0] and "ecp5" in err[0]
 
