@@ -113,6 +113,7 @@ def run_part(output, part, blocks=None):
         print(f"bench: {block.name} {label} {what}", flush=True)
         records.append({"block": block.name, "params": label, "partial": True,
                         key: measure(block, config)})
+        _write(output, records)         # after each: an interrupted run keeps what it measured
     if part == "activity":
         print(activity_table(records))
     else:
