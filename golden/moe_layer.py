@@ -43,6 +43,7 @@ import numpy as np
 
 from golden import ndp, placement, router
 from golden.pmu import READ_LATENCY
+from golden.systolic import PE_STAGES
 from golden.fixed import wrap
 
 __all__ = ["MoELayer", "score_codes", "gate_weights", "dispatch_flits", "parse_header",
@@ -340,7 +341,7 @@ def chiplet_batch_edges(slot_tokens, shape, tokens):
     pair). Phases run in plan order: gu(0), gu(1), down(0), gu(2), ... A phase's first pair
     is at least ``READ_LATENCY + 2`` edges after it is planned (its weights' job is taken the
     next edge), and after the previous phase's last pair; a down phase
-    starts once its group's last gate/up result row is in (``C + 2 + (R-1) + ceil(log2 n)``
+    starts once its group's last gate/up result row is in (``C + 3 + (R-1) + ceil(log2 n)``
     edges after its last pair, plus one). The tile takes one pair per edge and a tile's last
     pair at least R edges after the previous tile's. The returns start two edges after the last
     result row, at the earliest three after the plan is done: H + X flits per token, back to
@@ -348,7 +349,7 @@ def chiplet_batch_edges(slot_tokens, shape, tokens):
     """
     R, C = shape.rows, shape.cols
     tree = (shape.arrays - 1).bit_length()
-    result_lag = C + 2 + (R - 1) + tree         # last pair -> last result row
+    result_lag = C + 2 + PE_STAGES + (R - 1) + tree     # last pair -> last result row
     # The plan: phases (("gu"|"down", group)) and planner actions in order.
     actions, groups = [], 0
     for count in slot_tokens:

@@ -14,7 +14,19 @@ from golden import fp
 from golden.fixed import wrap
 
 __all__ = ["matmul_wrapped", "os_tile_result", "tile_result", "ws_block_result", "fp_tile_result", "SCALE_BLOCK",
-           "OSCycleModel", "WSCycleModel", "figures"]
+           "PE_STAGES", "pe_stages", "OSCycleModel", "WSCycleModel", "figures"]
+
+# Edges an integer PE adds by registering its product before the accumulator (or partial-sum)
+# adder: on an ECP5-85F the multiplier and the 32-bit carry chain in one cycle held a 4 x 4
+# array to 95 MHz, the two in separate cycles reach 135 MHz (docs/blocks/systolic.md). The
+# floating-point PEs (``fp_dot``'s accumulator) register no product.
+PE_STAGES = 1
+
+
+def pe_stages(dtype="int"):
+    """Product-register stages of a PE of ``dtype``: :data:`PE_STAGES` for integers, 0 for the
+    floating-point PEs."""
+    return PE_STAGES if dtype == "int" else 0
 
 
 def matmul_wrapped(lhs, rhs, width):
@@ -75,8 +87,9 @@ class OSCycleModel:
     Inputs are offered every cycle and ``c`` is always ready. A beat is taken every cycle,
     except that a tile's ``last`` beat waits until ``rows`` cycles have passed since the previous
     tile's ``last`` beat (results of two tiles would otherwise meet in a column). Row i of a tile
-    whose last beat was taken at edge T is taken from ``c`` at ``T + cols + 2 + i + tree``, where
-    ``tree = ceil(log2 arrays)`` is the adder-tree depth (0 for one array).
+    whose last beat was taken at edge T is taken from ``c`` at ``T + cols + 2 + P + i + tree``,
+    where ``P`` is the PE's product stage (:func:`pe_stages`: 1 for integers, 0 for floating
+    point) and ``tree = ceil(log2 arrays)`` the adder-tree depth (0 for one array).
 
     Parameters
     ----------
@@ -84,15 +97,18 @@ class OSCycleModel:
         Array size R x C.
     arrays : int
         Arrays in a tile (1 for the plain array).
+    dtype : str
+        The PEs' operand type (``int`` or a floating-point format).
     """
 
-    def __init__(self, rows, cols, arrays=1):
+    def __init__(self, rows, cols, arrays=1, dtype="int"):
         self.rows, self.cols = rows, cols
         self.tree_depth = math.ceil(math.log2(arrays)) if arrays > 1 else 0
+        self.pe_stages = pe_stages(dtype)
 
     def first_output_latency(self, depth):
         """Edges from the first input transfer to the first output transfer, for tile depth K."""
-        return depth + self.cols + 1 + self.tree_depth
+        return depth + self.cols + 1 + self.pe_stages + self.tree_depth
 
     def schedule(self, depths):
         """Edges of every input beat and every output row for tiles of the given depths.
@@ -112,7 +128,7 @@ class OSCycleModel:
                 in_edges.append(edge)
                 edge += 1
             previous_last = in_edges[-1]
-            out_edges.extend(previous_last + self.cols + 2 + self.tree_depth + i
+            out_edges.extend(previous_last + self.cols + 2 + self.pe_stages + self.tree_depth + i
                              for i in range(self.rows))
         return in_edges, out_edges
 
@@ -124,7 +140,8 @@ class WSCycleModel:
     weight banks: ``w`` fills the bank it points at when that bank is free (R beats, then the bank
     is full and ``w`` points at the other one); ``a`` reads the bank it points at when that bank
     is full (from the edge after its last weight beat), and its ``last`` beat frees the bank. An
-    output is taken ``rows + cols`` edges after its activation beat.
+    output is taken ``rows + cols + PE_STAGES`` edges after its activation beat (each PE
+    registers its product before the partial-sum adder).
     """
 
     def __init__(self, rows, cols):
@@ -169,7 +186,7 @@ class WSCycleModel:
             edge += 1
             if edge > 10 * (len(w_edges) + len(acts)) + 1000:
                 raise RuntimeError("WS schedule does not progress")
-        out_edges = [e + self.rows + self.cols for e in a_edges]
+        out_edges = [e + self.rows + self.cols + PE_STAGES for e in a_edges]
         return w_edges, a_edges, out_edges
 
 
@@ -192,18 +209,19 @@ def figures(block, **params):
     if block == "systolic" and params["dataflow"] == "ws":
         return {
             "dataflow": "ws",
-            "output_latency_cycles": rows + cols,
-            "output_latency_formula": "R + C (activation beat taken -> its output row taken)",
+            "output_latency_cycles": rows + cols + PE_STAGES,
+            "output_latency_formula": f"R + C + {PE_STAGES} (activation beat taken -> its output "
+                                      "row taken; the PE's product register)",
             "steady_state": "1 activation beat and 1 output row per cycle when every block has "
                             "M >= R beats",
             "first_weight_block_load_cycles": rows,
             "peak_macs_per_cycle": rows * cols,
             "accumulator": accumulator,
         }
-    model = OSCycleModel(rows, cols, params.get("arrays", 1))
+    model = OSCycleModel(rows, cols, params.get("arrays", 1), params.get("dtype", "int"))
     return {
         "dataflow": "os",
-        "first_output_latency_formula": f"K + C + 1 + {model.tree_depth}",
+        "first_output_latency_formula": f"K + C + 1 + {model.pe_stages} + {model.tree_depth}",
         "first_output_latency_cycles_at_K_eq_R": model.first_output_latency(rows),
         "cycles_per_tile_formula": "max(K, R)",
         "output_beats_per_tile": rows,

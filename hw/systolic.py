@@ -174,7 +174,8 @@ class _ArrayComponent(ConfiguredComponent):
         if not is_float(cfg):
             return os_grid(m, pipe, cfg.rows, cfg.cols, cfg.acc_width,
                            [data for data, _ in a_lanes], [data for data, _ in b_lanes],
-                           join.take, join.first, join.last, prefix=prefix)
+                           join.take, join.first, join.last, prefix=prefix,
+                           product_stage=True)
         width = code_width(cfg)
 
         def pe(a_in, b_in, flags, name):
@@ -214,7 +215,7 @@ def _drive_output(m, queue, c, row_valid, row_last, row_data, advance):
 
 
 def os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, last, prefix,
-            product=operator.mul, readout="rows", pe=None, extra_flags=()):
+            product=operator.mul, readout="rows", pe=None, extra_flags=(), product_stage=False):
     """Build an output-stationary PE grid; return (out_valid, out_last, out_values).
 
     Beat k enters row i of A delayed by i stages and column j of B delayed by j stages, so PE
@@ -231,6 +232,11 @@ def os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, last
     ``pe(a, b, flags, name)``, when given, builds a PE other than the integer accumulator: it
     makes its own registers, updated where ``flags`` (valid, first, last, ``extra_flags``...)
     say, and returns the register read out at ``done`` (the floating-point PE).
+
+    ``product_stage``: the integer PE registers ``product(a, b)`` (and its flags) and adds it
+    into the accumulator one edge later, so the multiplier and the accumulator's carry chain
+    are in different cycles; every result leaves one edge later
+    (``golden.systolic.PE_STAGES``).
     """
     flags = Cat(valid, first, last, *extra_flags)
     b_down = [pipe.delay(b_lanes[j], j, f"{prefix}bskew{j}") for j in range(cols)]
@@ -247,8 +253,13 @@ def os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, last
                 acc[i][j] = pe(a_in, b_in, flags_in, f"{prefix}pe_{i}_{j}_")
             else:
                 acc[i][j] = Signal(signed(acc_width), name=f"{prefix}acc_{i}_{j}")
+                term = product(a_in, b_in)
+                if product_stage:
+                    term = pipe.reg(term, f"{prefix}prod_{i}_{j}")
+                    staged = pipe.reg(flags_in[:3], f"{prefix}pf_{i}_{j}")
+                    pe_valid, pe_first, pe_last = staged[0], staged[1], staged[2]
                 # Truncation on assignment is the documented wrap-around.
-                update = Mux(pe_first, 0, acc[i][j]) + product(a_in, b_in)
+                update = Mux(pe_first, 0, acc[i][j]) + term
                 with m.If(pipe.enable & pe_valid):
                     m.d.sync += acc[i][j].eq(update)
             pipe.add(done[i][j].eq(pe_valid & pe_last))
@@ -325,7 +336,8 @@ class OutputStationaryArray(_ArrayComponent):
     Computes C = A·B per tile: beat k of ``a`` is column k of A (R lanes), beat k of ``b`` is row
     k of B (C lanes), ``last`` marks beat K-1. After the tile ``c`` emits R beats, beat i being row
     i of A·B (C lanes of ``acc_width``, wrapping), ``last`` on beat R-1. Tiles with K >= R stream
-    back to back with no bubble; first output ``K + C + 1`` cycles after the first input transfer.
+    back to back with no bubble; first output ``K + C + 2`` cycles after the first input transfer
+    (``K + C + 1`` with floating-point PEs, which register no product).
 
     Members
     -------
@@ -362,7 +374,8 @@ class SystolicTile(_ArrayComponent):
     carries n·R lanes, lanes ``[s*R, (s+1)*R)`` being column k of A_s; beat k of ``b`` carries
     n·C lanes, lanes ``[s*C, (s+1)*C)`` being row k of B_s. Framing, ``last``, spacing, ``error``
     and throughput are those of :class:`OutputStationaryArray`; the tree adds ``ceil(log2 n)``
-    cycles of latency (first output ``K + C + 1 + ceil(log2 n)`` cycles after the first input).
+    cycles of latency (first output ``K + C + 2 + ceil(log2 n)`` cycles after the first input;
+    one fewer with floating-point PEs).
     """
 
     def __init__(self, config):
@@ -423,7 +436,8 @@ class WeightStationaryArray(_ArrayComponent):
     load while the current block streams. A weight block is usable from the cycle after its last
     beat is taken. With ``w`` and ``a`` offered every cycle and every activation block at least R
     beats long, activation beats stream with no bubble after the first weight block has loaded;
-    each output leaves ``R + C`` cycles after its activation beat was taken.
+    each output leaves ``R + C + 1`` cycles after its activation beat was taken (each PE
+    registers its product before adding it to the partial sum from above).
 
     Members
     -------
@@ -494,7 +508,10 @@ class WeightStationaryArray(_ArrayComponent):
                         m.d.sync += weight[1].eq(w_lane[j])
                     with m.Else():
                         m.d.sync += weight[0].eq(w_lane[j])
-                product = a_in * Mux(flags_in[2], weight[1], weight[0])
+                # The product is registered (the multiplier and the partial-sum adder in
+                # different cycles); the partial sum from above is then one edge later too.
+                product = pipe.reg(a_in * Mux(flags_in[2], weight[1], weight[0]),
+                                   f"prod_{i}_{j}")
                 psum_in = psum_down[j] if i else 0
                 psum_down[j] = pipe.reg((psum_in + product)[:cfg.acc_width].as_signed(),
                                         f"psum_{i}_{j}")
@@ -502,8 +519,9 @@ class WeightStationaryArray(_ArrayComponent):
                     a_in = pipe.reg(a_in, f"a_{i}_{j}")
                     flags_in = pipe.reg(flags_in, f"f_{i}_{j}")
                 elif i == R - 1:
-                    # Registered with psum (R-1, C-1): the flags of the row leaving the grid.
-                    out_flags = pipe.reg(flags_in, f"f_{i}_{j}")
+                    # Registered with product and psum (R-1, C-1): the flags of the row
+                    # leaving the grid.
+                    out_flags = pipe.delay(flags_in, 2, f"f_{i}_{j}")
         row_values = [pipe.delay(psum_down[j], C - 1 - j, f"deskew{j}") for j in range(C)]
         _drive_output(m, queue, self.c, out_flags[0], out_flags[1], row_values, pipe.enable)
         pipe.emit(m)

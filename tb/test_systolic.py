@@ -175,7 +175,8 @@ class OSBench(_Bench):
         self.send_tile(*self.random_tile(depth))
 
     def model(self):
-        return golden.OSCycleModel(self.cfg.rows, self.cfg.cols, self.arrays)
+        return golden.OSCycleModel(self.cfg.rows, self.cfg.cols, self.arrays,
+                                   getattr(self.cfg, "dtype", "int"))
 
 
 class WSBench(_Bench):

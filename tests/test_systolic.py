@@ -75,12 +75,14 @@ def test_os_cycle_model_back_to_back_and_spacing():
     model = golden.OSCycleModel(rows=4, cols=3)
     ins, outs = model.schedule([4, 4, 4])
     assert ins == list(range(12))                              # T*K cycles, no bubble
-    assert outs[:4] == [3 + 3 + 2 + i for i in range(4)]      # last at 3, + C + 2 + i
-    assert outs[0] - ins[0] == model.first_output_latency(4) == 4 + 3 + 1
+    assert outs[:4] == [3 + 3 + 3 + i for i in range(4)]      # last at 3, + C + 3 + i
+    assert outs[0] - ins[0] == model.first_output_latency(4) == 4 + 3 + 2
+    # Floating-point PEs register no product: one edge earlier.
+    assert golden.OSCycleModel(rows=4, cols=3, dtype="bf16").first_output_latency(4) == 4 + 3 + 1
     ins, _ = model.schedule([1, 1])                            # K < R: last beats R apart
     assert ins == [0, 4]
     tree = golden.OSCycleModel(rows=2, cols=2, arrays=5)
-    assert tree.tree_depth == 3 and tree.first_output_latency(2) == 2 + 2 + 1 + 3
+    assert tree.tree_depth == 3 and tree.first_output_latency(2) == 2 + 2 + 2 + 3
 
 
 def test_ws_cycle_model_overlaps_weight_loads():
@@ -88,14 +90,14 @@ def test_ws_cycle_model_overlaps_weight_loads():
     assert w_edges[:6] == list(range(6))      # two banks fill back to back
     assert a_edges[0] == 3                    # first activation after the first block loads
     assert a_edges == list(range(3, 3 + 11))  # M >= R: no bubble between blocks
-    assert outs == [e + 5 for e in a_edges]
+    assert outs == [e + 3 + 2 + 1 for e in a_edges]      # R + C + the product register
     _, a_short, _ = golden.WSCycleModel(rows=3, cols=2).schedule([1, 1, 1])
     assert a_short == [3, 6, 9]               # M < R: weight loading is the bottleneck
 
 
 def test_figures_state_width_and_formulas():
     fig = golden.figures("systolic", rows=3, cols=5, dataflow="os", in_width=8, acc_width=32)
-    assert fig["first_output_latency_cycles_at_K_eq_R"] == 3 + 5 + 1
+    assert fig["first_output_latency_cycles_at_K_eq_R"] == 3 + 5 + 2
     assert fig["accumulator"] == {"width": 32, "overflow": "wrap (two's complement)"}
 
 
@@ -179,7 +181,7 @@ def test_verilog_and_manifest_for_3x5(tmp_path):
     assert manifest["params"] == {"rows": 3, "cols": 5, "dataflow": "os", "in_width": 8,
                                   "acc_width": 32, "dtype": "int", "acc_frac": 13,
                                   "promote_every": 128, "scale_format": "fp32"}
-    assert manifest["figures"]["first_output_latency_cycles_at_K_eq_R"] == 9
+    assert manifest["figures"]["first_output_latency_cycles_at_K_eq_R"] == 10
 
 
 @pytest.mark.parametrize("args, needle", [
