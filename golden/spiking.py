@@ -20,8 +20,9 @@ from golden.fixed import saturate
 
 __all__ = ["lif_step", "lif_run", "LATENCY"]
 
-# Edges from an input beat's transfer to its output's transfer (ready output): one register.
-LATENCY = 1
+# Edges from an input beat's transfer to its output's transfer (ready output): two registers
+# (the input-only part of the step, then V's update into the output register).
+LATENCY = 2
 
 
 def lif_step(potentials, inputs, vth, vleak, v_width):

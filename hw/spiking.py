@@ -6,9 +6,15 @@ emit output spikes). The order of leak, integrate, compare and reset, the widths
 saturation are in :mod:`golden.spiking` and docs/blocks/spiking.md.
 
 N neurons step together: one input beat (N synaptic inputs) is one timestep, taken every cycle
-the output register is free or being emptied; the step's spikes and potentials leave one edge
-later. ``Vth`` and ``Vleak`` come through the always-ready ``params`` stream; a write taken at
-edge e applies to input beats taken after e.
+the pipeline can move (its output register free or being emptied); the step's spikes and
+potentials leave two edges later. ``Vth`` and ``Vleak`` come through the always-ready ``params``
+stream; a write taken at edge e applies to input beats taken after e.
+
+Two stages, so that the recurrence on V (one timestep a cycle) holds only one carry chain: the
+first registers what depends on the input alone (``X - Vleak`` and ``Vth - (X - Vleak)``,
+:func:`lif_prepare`), the second adds V and compares V in parallel (:func:`lif_update`). In one
+stage the chain ``Vleak -> subtract -> add -> saturate -> compare -> select -> V`` held the
+default block to 62 MHz on ECP5 (docs/blocks/spiking.md, "Clock rate").
 """
 
 import dataclasses
@@ -19,10 +25,10 @@ from amaranth.lib.wiring import In, Out
 
 from golden import spiking as golden
 from hw.params import ConfiguredComponent, int_param, validate
-from hw.pipeline import saturate
+from golden.fixed import signed_limits
 from hw.registry import Block, register
 
-__all__ = ["LifConfig", "Lif", "lif_neuron"]
+__all__ = ["LifConfig", "Lif", "lif_neuron", "lif_prepare", "lif_update"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,19 +88,33 @@ class Lif(ConfiguredComponent):
             m.d.sync += [vth.eq(self.params.payload.vth), vleak.eq(self.params.payload.vleak)]
 
         potentials = [Signal(signed(vw), name=f"v{i}") for i in range(N)]
-        take = Signal()
-        m.d.comb += [self.x.ready.eq(~self.s.valid | self.s.ready),
-                     take.eq(self.x.valid & self.x.ready)]
+        # Both stages move together when the output register is free or being emptied.
+        advance = Signal()
+        m.d.comb += [advance.eq(~self.s.valid | self.s.ready), self.x.ready.eq(advance)]
+
+        # Stage 1: the input beat and what depends on it and on the parameters alone.
+        staged_valid, staged_last = Signal(), Signal()
+        staged = []
+        for i in range(N):
+            prepared = lif_prepare(m, self.x.payload.x[i], vth, vleak, vw, f"n{i}")
+            registers = [Signal(value.shape(), name=f"{value.name}_s1") for value in prepared]
+            with m.If(advance):
+                m.d.sync += [r.eq(value) for r, value in zip(registers, prepared)]
+            staged.append(registers)
+        with m.If(advance):
+            m.d.sync += [staged_valid.eq(self.x.valid),
+                         staged_last.eq(self.x.payload.last)]
+
+        # Stage 2: V's update, into the output register.
         with m.If(self.s.ready):
             m.d.sync += self.s.valid.eq(0)
-
         out = self.s.payload
-        with m.If(take):
-            m.d.sync += [self.s.valid.eq(1), out.last.eq(self.x.payload.last)]
+        with m.If(advance & staged_valid):
+            m.d.sync += [self.s.valid.eq(1), out.last.eq(staged_last)]
             for i, v in enumerate(potentials):
-                fire, after = lif_neuron(m, v, self.x.payload.x[i], vth, vleak, vw, f"n{i}")
+                fire, after = lif_update(m, v, *staged[i], vw, f"n{i}")
                 m.d.sync += [out.spikes[i].eq(fire), out.v[i].eq(after),
-                             v.eq(Mux(self.x.payload.last, 0, after))]
+                             v.eq(Mux(staged_last, 0, after))]
         return m
 
 
@@ -104,11 +124,35 @@ def lif_neuron(m, v, x, vth, vleak, v_width, name):
     Leak and integrate with an exact sum saturated to ``v_width``, strict compare, reset to
     zero — the order of :mod:`golden.spiking`.
     """
-    total = Signal(signed(max(v_width, len(x)) + 2), name=f"{name}_sum")
-    integrated = Signal(signed(v_width), name=f"{name}_integrated")
-    m.d.comb += [total.eq(v + x - vleak), integrated.eq(saturate(total, v_width))]
+    return lif_update(m, v, *lif_prepare(m, x, vth, vleak, v_width, name), v_width, name)
+
+
+def lif_prepare(m, x, vth, vleak, v_width, name):
+    """The part of a LIF step that does not read V: ``(d, e, fire_high)`` with ``d = X -
+    Vleak``, ``e = Vth - d`` (exact), and whether a sum saturated at the top of the ``v_width``
+    range fires (``max > Vth``; one saturated at the bottom never fires: Vth >= min)."""
+    _, high = signed_limits(v_width)
+    d = Signal(signed(max(v_width, len(x)) + 1), name=f"{name}_d")
+    e = Signal(signed(max(v_width, len(x)) + 2), name=f"{name}_e")
+    fire_high = Signal(name=f"{name}_fire_high")
+    m.d.comb += [d.eq(x - vleak), e.eq(vth - d), fire_high.eq(vth < high)]
+    return d, e, fire_high
+
+
+def lif_update(m, v, d, e, fire_high, v_width, name):
+    """The part of a LIF step that reads V (:func:`lif_prepare` gives the rest): returns
+    ``(fire, V after the step)``. Unsaturated, ``sat(V + d) > Vth`` is ``V > e``, so the
+    compare runs beside the adder instead of after it."""
+    low, high = signed_limits(v_width)
+    total = Signal(signed(len(d) + 1), name=f"{name}_sum")
+    m.d.comb += total.eq(v + d)
+    # Out of range when the bits from v_width-1 up are not all equal (the sign says which
+    # way): a few bits' AND/OR instead of two comparisons with constants after the adder.
+    top, sign = total[v_width - 1:], total[-1]
+    above, below = ~sign & top.any(), sign & ~top.all()
     fire = Signal(name=f"{name}_fire")
-    m.d.comb += fire.eq(integrated > vth)
+    m.d.comb += fire.eq(Mux(above, fire_high, ~below & (v > e)))
+    integrated = Mux(above, high, Mux(below, low, total))
     return fire, Mux(fire, 0, integrated)
 
 
