@@ -24,11 +24,14 @@ __all__ = ["rank_order", "group_scores", "route", "leaf_mask", "synthetic_trace"
 def pipeline_latency(k, groups, topk_groups):
     """Edges from a score vector's transfer to its route's transfer (ready output).
 
-    Registers: input, then (with groups > 1) group top-1, group top-2 and one per kept group,
-    then one per chosen expert, then the output register; the route is taken one edge later.
+    Registers (ranks rather than one pick per stage, so the latency depends on neither k nor
+    M): input; with groups > 1, the in-group pair comparisons, the in-group ranks, the group
+    scores, the group pair comparisons, then the kept groups with the expert pair comparisons
+    (without groups: the expert pair comparisons alone); the experts' ranks among the eligible,
+    counted in two halves, then added; the k selected; the output register. The route is taken
+    one edge after the last.
     """
-    group_stages = 2 + topk_groups if groups > 1 else 0
-    return 1 + group_stages + k + 1
+    return 10 if groups > 1 else 6
 
 
 def scan_beats(experts, lanes, groups):

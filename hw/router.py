@@ -6,17 +6,22 @@ NoP-tree dispatch (seed 000 §3.3), whose destination mask this block produces. 
 its tie-breaking, is in :mod:`golden.router` and docs/blocks/router.md.
 
 A fixed-latency pipeline moving on one enable (output register free or taken), one token per
-cycle:
+cycle, built on ranks rather than one pick per stage so that no stage holds more than a
+comparison or a small count (the argmax-per-stage pipeline before it held the defaults to 48 MHz
+on ECP5; docs/blocks/router.md, "Clock rate"):
 
 * stage 0 registers the scores;
-* with ``groups`` > 1: one stage finds each group's highest score, one its second highest (their
-  sum is the group score), then ``topk_groups`` stages each pick the best remaining group;
-* ``k`` stages each pick the best remaining eligible expert (ties to the lower index: an argmax
-  tree whose left inputs always hold the lower indices and win equal values);
-* the output stage looks the chosen experts up in the expert-to-leaf table and ORs their leaf
-  bits into the destination mask.
+* with ``groups`` > 1: every pair of a group's experts compared; each expert's rank within its
+  group; the group scores (the values at in-group ranks 0 and 1); every pair of groups
+  compared; the kept groups (rank < ``topk_groups``);
+* every pair of experts compared (beside the kept groups when there are groups), one bit per
+  pair: i is *ahead* of j when its score is higher, or equal and i < j;
+* each eligible expert's rank among the eligible (how many are ahead of it), counted in two
+  halves then added;
+* route entry r is the expert of rank r (r < k); the output stage ORs the chosen experts'
+  decoded rows of the expert-to-leaf table into the destination mask.
 
-That pipeline holds E score registers per stage and E comparators per pick, which grows past
+That pipeline holds E score registers per stage and E(E-1)/2 comparators, which grows past
 what builds in minutes near E = 64. With ``scan_lanes`` P >= 1 the block is instead a serial
 router with the same ports and rule, for DeepSeek-V3 scale (E = 256, k = 8, G = 8, M = 4):
 
@@ -34,18 +39,19 @@ ceil((E/G)/P) scan beats, C = (M if G > 1) + k selection cycles.
 
 import dataclasses
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, stream
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from golden import router as golden
 from hw.params import ConfiguredComponent, int_param, param_error, validate
+from hw.pipeline import or_tree
 from hw.registry import Block, register
 
 __all__ = ["RouterConfig", "TopKRouter"]
 
-PARALLEL_MAX_EXPERTS = 64       # the pipeline's size grows as E * (k + M): past 64, scan
+PARALLEL_MAX_EXPERTS = 64       # the pipeline compares every pair of experts: past 64, scan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,6 +183,39 @@ def _argmax(m, values, eligible, name):
     return nodes[0]
 
 
+def _ahead_matrix(values, sets):
+    """``((i, j), bit)`` for every pair i < j within each index set: bit = value i ranks
+    ahead of value j (higher, or equal and i the lower index). j ranks ahead of i when the
+    bit is 0, so one comparator serves both."""
+    return [((i, j), values[i] >= values[j])
+            for indices in sets for a, i in enumerate(indices) for j in list(indices)[a + 1:]]
+
+
+def _rank(m, e, ahead, indices, eligible, name):
+    """How many of ``indices`` (other than e, and eligible when ``eligible`` is given) rank
+    ahead of e, from the registered pair bits ``ahead[(i, j)]`` (i < j); 0 when none."""
+    terms = []
+    for j in indices:
+        if j == e:
+            continue
+        bit = ahead[(j, e)] if j < e else ~ahead[(e, j)]
+        terms.append(bit & eligible[j] if eligible is not None else bit)
+    rank = Signal(range(len(terms) + 1), name=name)
+    # A balanced adder tree of single bits (a population count).
+    while len(terms) > 1:
+        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
+                 for i in range(0, len(terms), 2)]
+    m.d.comb += rank.eq(terms[0] if terms else 0)
+    return rank
+
+
+def _pick(m, hits, values, name):
+    """The value whose ``hits`` bit is set (hits one-hot or zero: 0 then)."""
+    picked = Signal(Value.cast(values[0]).shape(), name=name)
+    m.d.comb += picked.eq(or_tree([Mux(hit, value, 0) for hit, value in zip(hits, values)]))
+    return picked
+
+
 class TopKRouter(ConfiguredComponent):
     """The ``topk_router`` block.
 
@@ -199,32 +238,25 @@ class TopKRouter(ConfiguredComponent):
         })
 
     def _leaf_table(self, m):
-        """The expert-to-leaf table (registers, reset to leaf 0: k entries are read at once)."""
-        leaf_of = [Signal(len(self.table.payload.leaf), name=f"leaf_of{e}")
-                   for e in range(self.config.experts)]
+        """The expert-to-leaf table, each entry held decoded: ``leaves`` bits with bit
+        ``leaf`` set (registers, reset to leaf 0). Decoded at the write, the mask of a route is
+        an OR of the chosen rows in the output stage (a leaf index beyond the mask's bits gives
+        an empty row, as its shifted one-bit would)."""
+        leaves = self.config.leaves
+        leaf_bits = [Signal(leaves, name=f"leaf_bits{e}", init=1)
+                     for e in range(self.config.experts)]
         m.d.comb += self.table.ready.eq(1)
         with m.If(self.table.valid):
             for e in range(self.config.experts):
                 with m.If(self.table.payload.expert == e):
-                    m.d.sync += leaf_of[e].eq(self.table.payload.leaf)
-        return leaf_of
+                    m.d.sync += leaf_bits[e].eq((Const(1, leaves) << self.table.payload.leaf)
+                                                [:leaves])
+        return leaf_bits
 
-    def _leaf_mask(self, m, leaf_of, experts):
-        """The destination mask of ``experts``: bit ``leaf_of[e]`` for each (k table reads)."""
-        leaves = self.config.leaves
-        leaf_bits = []
-        # An explicit compare per expert, not Array(leaf_of)[expert]: with the Array read,
-        # Yosys 0.70's ABC9 (yowasp build) exits without a message on the default router.
-        for i, expert in enumerate(experts):
-            leaf = Signal(len(self.table.payload.leaf), name=f"leaf{i}")
-            for e in range(self.config.experts):
-                with m.If(expert == e):
-                    m.d.comb += leaf.eq(leaf_of[e])
-            leaf_bits.append(Const(1, leaves) << leaf)
-        mask = leaf_bits[0]
-        for bits in leaf_bits[1:]:
-            mask = mask | bits
-        return mask[:leaves]
+    @staticmethod
+    def _leaf_mask(leaf_bits, chosen):
+        """The destination mask of the experts whose bit of ``chosen`` is set."""
+        return or_tree([Mux(chosen[e], row, 0) for e, row in enumerate(leaf_bits)])
 
     def elaborate(self, platform):
         m = Module()
@@ -237,82 +269,93 @@ class TopKRouter(ConfiguredComponent):
         out_valid = Signal()
         m.d.comb += [enable.eq(~out_valid | self.route.ready), self.scores.ready.eq(enable)]
 
-        leaf_of = self._leaf_table(m)
+        leaf_bits = self._leaf_table(m)
 
-        def stage(name, valid_in, token_in, scores_in, eligible_in):
-            """Registers carrying a token between stages; returns the registered copies."""
+        def stage(name, valid_in, token_in, scores_in, extra=()):
+            """Registers carrying a token and its scores to the next stage, with ``extra``
+            values of this stage's own; returns the registered copies."""
             valid = Signal(name=f"{name}_valid")
             token = Signal(cfg.token_width, name=f"{name}_token")
             scores = [Signal(cfg.score_width, name=f"{name}_s{e}") for e in range(E)]
-            eligible = Signal(E, name=f"{name}_eligible")
+            held = [Signal(Value.cast(v).shape(), name=f"{name}_{label}")
+                    for label, v in extra]
             with m.If(enable):
-                m.d.sync += [valid.eq(valid_in), token.eq(token_in), eligible.eq(eligible_in),
-                             *[r.eq(v) for r, v in zip(scores, scores_in)]]
-            return valid, token, scores, eligible
+                m.d.sync += [valid.eq(valid_in), token.eq(token_in),
+                             *[r.eq(v) for r, v in zip(scores, scores_in)],
+                             *[r.eq(v) for r, (_, v) in zip(held, extra)]]
+            return valid, token, scores, held
 
         payload = self.scores.payload
-        valid, token, scores, eligible = stage(
-            "in", self.scores.valid, payload.token, [payload.score[e] for e in range(E)],
-            Const((1 << E) - 1, E))
-
+        valid, token, scores, _ = stage("in", self.scores.valid, payload.token,
+                                        [payload.score[e] for e in range(E)])
         if G > 1:
             size = cfg.group_size
-            # Group score = highest + second highest of the group's experts.
-            tops = []
+            # In-group ranks: how many of its group's experts are ahead of each expert.
+            ahead = _ahead_matrix(scores, [range(g * size, (g + 1) * size) for g in range(G)])
+            valid, token, scores, held = stage("gcmp", valid, token, scores,
+                                               [(f"a{i}_{j}", bit) for (i, j), bit in ahead])
+            ahead = {pair: bit for (pair, _), bit in zip(ahead, held)}
+            ranks = [_rank(m, e, ahead, range((e // size) * size, (e // size + 1) * size),
+                           None, f"grank{e}") for e in range(E)]
+            valid, token, scores, ranks = stage("grank", valid, token, scores,
+                                                [(f"r{e}", r) for e, r in enumerate(ranks)])
+            # Group score: the values at in-group ranks 0 and 1 (one expert: its one score).
+            group_score = []
             for g in range(G):
-                members = scores[g * size:(g + 1) * size]
-                tops.append(_argmax(m, members, [Const(1)] * size, f"g{g}_top1"))
-            top1 = [Signal(cfg.score_width, name=f"g{g}_top1") for g in range(G)]
-            top1_index = [Signal(len(t[1]), name=f"g{g}_top1_index") for g, t in enumerate(tops)]
-            with m.If(enable):
-                m.d.sync += [r.eq(t[2]) for r, t in zip(top1, tops)]
-                m.d.sync += [r.eq(t[1]) for r, t in zip(top1_index, tops)]
-            valid, token, scores, eligible = stage("g1", valid, token, scores, eligible)
-            group_score = [Signal(cfg.score_width + 1, name=f"g{g}_score") for g in range(G)]
-            for g in range(G):
-                members = scores[g * size:(g + 1) * size]
-                if size == 1:
-                    second = Const(0, cfg.score_width)
-                else:
-                    others = [top1_index[g] != i for i in range(size)]
-                    second = _argmax(m, members, others, f"g{g}_top2")[2]
-                with m.If(enable):
-                    m.d.sync += group_score[g].eq(top1[g] + second)
-            valid, token, scores, eligible = stage("g2", valid, token, scores, eligible)
-            kept = Const(0, G)
-            remaining = Const((1 << G) - 1, G)
-            for pick in range(cfg.topk_groups):
-                kept_reg = Signal(G, name=f"kept{pick}")
-                remaining_reg = Signal(G, name=f"remaining{pick}")
-                score_regs = [Signal(cfg.score_width + 1, name=f"gs{pick}_{g}") for g in range(G)]
-                _, best, _ = _argmax(m, group_score, remaining, f"group{pick}")
-                onehot = Signal(G, name=f"group{pick}_onehot")
-                m.d.comb += onehot.eq(1 << best)
-                with m.If(enable):
-                    m.d.sync += [kept_reg.eq(kept | onehot), remaining_reg.eq(remaining & ~onehot),
-                                 *[r.eq(v) for r, v in zip(score_regs, group_score)]]
-                valid, token, scores, eligible = stage(f"grp{pick}", valid, token, scores,
-                                                       eligible)
-                kept, remaining, group_score = kept_reg, remaining_reg, score_regs
-            eligible = Cat(kept[e // size] for e in range(E))
-
-        chosen_index, chosen_score = [], []
-        for pick in range(k):
-            _, best, value = _argmax(m, scores, eligible, f"expert{pick}")
-            onehot = Signal(E, name=f"expert{pick}_onehot")
-            m.d.comb += onehot.eq(1 << best)
-            index_regs = [Signal(ceil_log2(E), name=f"x{pick}_id{i}") for i in range(pick + 1)]
-            score_regs = [Signal(cfg.score_width, name=f"x{pick}_score{i}")
-                          for i in range(pick + 1)]
-            with m.If(enable):
-                m.d.sync += [r.eq(v) for r, v in zip(index_regs, chosen_index + [best])]
-                m.d.sync += [r.eq(v) for r, v in zip(score_regs, chosen_score + [value])]
-            chosen_index, chosen_score = index_regs, score_regs
-            valid, token, scores, eligible = stage(f"x{pick}", valid, token, scores,
-                                                   eligible & ~onehot)
+                members = range(g * size, (g + 1) * size)
+                top = [_pick(m, [ranks[e] == r for e in members],
+                             [scores[e] for e in members], f"g{g}_top{r}")
+                       for r in range(min(2, size))]
+                group_score.append(sum(top[1:], top[0]))
+            valid, token, scores, group_score = stage(
+                "gscore", valid, token, scores, [(f"g{g}", v) for g, v in enumerate(group_score)])
+            gahead = _ahead_matrix(group_score, [range(G)])
+            valid, token, scores, held = stage("gcmp2", valid, token, scores,
+                                               [(f"a{i}_{j}", bit) for (i, j), bit in gahead])
+            gahead = {pair: bit for (pair, _), bit in zip(gahead, held)}
+            kept = Cat(_rank(m, g, gahead, range(G), None, f"gkeep{g}") < cfg.topk_groups
+                       for g in range(G))
+        # Every pair of experts compared at once (beside the kept groups' stage when there is
+        # one), then each eligible expert's rank among the eligible ones: rank r < k is the
+        # route's entry r.
+        ahead = _ahead_matrix(scores, [range(E)])
+        bits = [(f"a{i}_{j}", bit) for (i, j), bit in ahead]
+        if G > 1:
+            valid, token, scores, (kept, *held) = stage("gkeep", valid, token, scores,
+                                                        [("kept", kept)] + bits)
+            eligible = Cat(kept[e // cfg.group_size] for e in range(E))
+        else:
+            valid, token, scores, held = stage("xcmp", valid, token, scores, bits)
+            eligible = Const((1 << E) - 1, E)
+        ahead = {pair: bit for (pair, _), bit in zip(ahead, held)}
+        # The rank of an expert counts up to E - 1 bits: two halves counted in one stage,
+        # added in the next (one 63-bit count in one cycle held E = 32 just under 100 MHz).
+        halves = [(f"r{e}_{h}", _rank(m, e, ahead, part, eligible, f"xcount{e}_{h}"))
+                  for e in range(E) for h, part in enumerate((range(E // 2), range(E // 2, E)))]
+        valid, token, scores, held = stage("xcount", valid, token, scores,
+                                           halves + [("eligible", eligible)])
+        *counts, eligible = held
+        ranks = [counts[2 * e] + counts[2 * e + 1] for e in range(E)]
+        valid, token, scores, held = stage("xrank", valid, token, scores,
+                                           [(f"r{e}", r) for e, r in enumerate(ranks)]
+                                           + [("eligible", eligible)])
+        *ranks, eligible = held
+        chosen = []
+        for r in range(k):
+            hit = [eligible[e] & (ranks[e] == r) for e in range(E)]
+            chosen.append((_pick(m, hit, [Const(e, ceil_log2(E)) for e in range(E)],
+                                 f"x{r}_id"),
+                           _pick(m, hit, scores, f"x{r}_score")))
+        chosen_bits = Cat(eligible[e] & (ranks[e] < k) for e in range(E))
+        valid, token, scores, held = stage(
+            "select", valid, token, scores,
+            [(f"id{r}", i) for r, (i, _) in enumerate(chosen)]
+            + [(f"score{r}", v) for r, (_, v) in enumerate(chosen)]
+            + [("chosen", chosen_bits)])
+        chosen_index, chosen_score, chosen_bits = held[:k], held[k:2 * k], held[2 * k]
 
         # Output stage: the destination mask from the table as it stands at this edge.
-        mask = self._leaf_mask(m, leaf_of, chosen_index)
+        mask = self._leaf_mask(leaf_bits, chosen_bits)
         out = self.route.payload
         with m.If(enable):
             m.d.sync += [out_valid.eq(valid), out.token.eq(token), out.mask.eq(mask),
@@ -331,7 +374,7 @@ class TopKRouter(ConfiguredComponent):
         group_picks = M if G > 1 else 0
         select = group_picks + k                     # C, selection cycles
         entry = data.StructLayout({"score": W, "expert": ceil_log2(E)})
-        leaf_of = self._leaf_table(m)
+        leaf_bits = self._leaf_table(m)
 
         def entries(name, count=L):
             return [Signal(entry, name=f"{name}_{i}") for i in range(count)]
@@ -443,7 +486,10 @@ class TopKRouter(ConfiguredComponent):
 
         # Output register, loaded at the final pick: the mask from the table as it stands.
         experts = [c.expert for c in chosen] + [pick.expert]
-        mask = self._leaf_mask(m, leaf_of, experts)
+        # The chosen experts as an E-bit vector (a signal: each bit is read by every mask bit).
+        chosen_bits = Signal(E, name="chosen_bits")
+        m.d.comb += chosen_bits.eq(Cat(or_tree([x == e for x in experts]) for e in range(E)))
+        mask = self._leaf_mask(leaf_bits, chosen_bits)
         out = self.route.payload
         with m.If(self.route.ready):
             m.d.sync += out_valid.eq(0)

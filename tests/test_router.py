@@ -31,8 +31,9 @@ SIM_CONFIGS = [
 
 
 def test_latency_counts_the_stages():
-    assert golden.pipeline_latency(8, 8, 4) == 1 + 6 + 8 + 1
-    assert golden.pipeline_latency(2, 1, 1) == 1 + 2 + 1
+    # Ranks, not one pick per stage: neither k nor M adds a stage.
+    assert golden.pipeline_latency(8, 8, 4) == golden.pipeline_latency(1, 2, 1) == 10
+    assert golden.pipeline_latency(2, 1, 1) == golden.pipeline_latency(8, 1, 1) == 6
 
 
 def test_serial_timing_follows_the_recurrence():
