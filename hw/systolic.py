@@ -249,15 +249,18 @@ def os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, last
             b_in = b_down[j]
             pe_valid, pe_first, pe_last = flags_in[0], flags_in[1], flags_in[2]
             done[i][j] = Signal(name=f"{prefix}done_{i}_{j}")
+            staged = pe is None and product_stage
+            # The flags one edge on: the next column's, and the product stage's own.
+            flags_next = (pipe.reg(flags_in, f"{prefix}f_{i}_{j}")
+                          if j + 1 < cols or staged else None)
             if pe is not None:
                 acc[i][j] = pe(a_in, b_in, flags_in, f"{prefix}pe_{i}_{j}_")
             else:
                 acc[i][j] = Signal(signed(acc_width), name=f"{prefix}acc_{i}_{j}")
                 term = product(a_in, b_in)
-                if product_stage:
+                if staged:
                     term = pipe.reg(term, f"{prefix}prod_{i}_{j}")
-                    staged = pipe.reg(flags_in[:3], f"{prefix}pf_{i}_{j}")
-                    pe_valid, pe_first, pe_last = staged[0], staged[1], staged[2]
+                    pe_valid, pe_first, pe_last = flags_next[0], flags_next[1], flags_next[2]
                 # Truncation on assignment is the documented wrap-around.
                 update = Mux(pe_first, 0, acc[i][j]) + term
                 with m.If(pipe.enable & pe_valid):
@@ -265,7 +268,7 @@ def os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, last
             pipe.add(done[i][j].eq(pe_valid & pe_last))
             if j + 1 < cols:
                 a_in = pipe.reg(a_in, f"{prefix}a_{i}_{j}")
-                flags_in = pipe.reg(flags_in, f"{prefix}f_{i}_{j}")
+                flags_in = flags_next
             if i + 1 < rows:
                 b_down[j] = pipe.reg(b_in, f"{prefix}b_{i}_{j}")
     if readout == "columns":
