@@ -160,6 +160,7 @@ def run_bench(output, blocks=None, only=None):
         print(f"bench: {block.name} {label} switching activity per operation (VCD)", flush=True)
         record["activity"] = activity(block, config)
         records.append(record)
+        _write(output, records)         # after each: an interrupted run keeps what it measured
         figures = record["verilator"]
         bare = record["bare_verilator_cycles_per_second"]
         fastest = record.get("verilator_buffered", figures)["sim_cycles_per_second"]

@@ -41,12 +41,17 @@ The timing of the blocks (:func:`encoder_edges`) is here too.
 import dataclasses
 import math
 
-__all__ = ["LOG_FRAC", "STEP_FRAC", "POS_FRAC", "LOG_TABLE", "EXP_TABLE", "LN2_Q16",
-           "RANGE_BINADES", "BF16_MAX", "BF16_NAN", "TileParams", "bf16_log2", "tile_params",
-           "reciprocal", "theta", "encode_element", "encode_tile", "decode_code", "decode_tile",
+__all__ = ["DECODER_LATENCY", "ENCODER_STAGES", "LOG_FRAC", "STEP_FRAC", "POS_FRAC",
+           "LOG_TABLE", "EXP_TABLE", "LN2_Q16", "RANGE_BINADES", "BF16_MAX", "BF16_NAN",
+           "TileParams", "bf16_log2", "tile_params", "reciprocal", "theta", "encode_element",
+           "encode_tile", "decode_code", "decode_tile",
            "divider_bits_per_cycle", "divider_cycles", "encoder_fifo_rows", "encoder_edges"]
 
 LOG_FRAC = 16                  # Q16 logarithms
+# Edges from the decoder's taking a beat to its output's transfer, every port ready: four
+# registers (the Q24 sum lo + step * (c - 1); the exponent and 2**(i/256); the BF16 exponent
+# field, the subnormal shift and the case; the BF16 packing).
+DECODER_LATENCY = 4
 STEP_FRAC = 24                 # Q24 step
 POS_FRAC = 8                   # Q8 positions (levels)
 RANGE_BINADES = 32             # lo >= hi - 32 binades
@@ -198,12 +203,18 @@ def divider_cycles(tile, lanes):
     return -(-RECIP_BITS // divider_bits_per_cycle(tile, lanes))
 
 
-# From a tile's last row taken at edge t: the range registers hold the tile at t; lo, step and
-# the divider's first state are loaded at t + 1; the divider's Q-th step, at t + 1 + Q, also
-# writes the tile's entry into the parameter FIFO; its first row can leave the element FIFO at
-# t + 2 + Q (the output register loads at that edge) and is taken by a ready consumer one edge
-# later.
-PARAMS_READY = 2               # first pop edge - last row edge - Q               # first pop edge - last row edge - Q
+# From a tile's last row taken at edge t: the range registers hold the tile at t; the binades
+# and fraction indices of the range are registered at t + 1, their logs at t + 2, lo at t + 3,
+# the difference at t + 4, the partial products of step at t + 5, step at t + 6, its leading
+# one at t + 7; the divider's first state (and theta) at t + 8; the divider's Q-th step, at
+# t + 8 + Q, also writes the tile's entry into the parameter FIFO; its first row can leave the
+# element FIFO at t + 9 + Q (popped into the first of the ENCODER_STAGES output-side
+# registers) and is taken by a ready consumer ENCODER_STAGES edges later.
+PARAMS_READY = 9               # first pop edge - last row edge - Q
+# Registers a row passes from its pop to the output, moving together: the row; the binades
+# and fraction indices; the logs; d = log - lo; four partial products with recip; their sum;
+# the Q8 position; the codes (the output register).
+ENCODER_STAGES = 8
 
 
 def encoder_fifo_rows(tile, lanes):
@@ -217,7 +228,7 @@ def encoder_edges(taken, tile, lanes):
     """Edges at which a consumer that is always ready takes the output rows, given the edges
     ``taken`` at which the input rows were taken (complete tiles): each row is popped one edge
     after it arrived at the earliest, its tile's parameters ready PARAMS_READY + Q edges after
-    the tile's last row, one pop an edge; the output register holds it one edge."""
+    the tile's last row, one pop an edge; it reaches the output ENCODER_STAGES edges later."""
     beats = tile // lanes
     q = divider_cycles(tile, lanes)
     out, previous = [], None
@@ -226,6 +237,6 @@ def encoder_edges(taken, tile, lanes):
         pop = max(edge + 1, tile_last + PARAMS_READY + q)
         if previous is not None:
             pop = max(pop, previous + 1)
-        out.append(pop + 1)
+        out.append(pop + ENCODER_STAGES)
         previous = pop
     return out

@@ -72,8 +72,9 @@ def header_flits(k, lanes):
 
 def gate_latency(k, groups, topk_groups):
     """``moe_gate``: edges from a token's final x beat to its first flit, every port ready: the
+    beat and W_g word registers (1), the products (1), their sums (1), the totals (1), the
     codes register (1), the router (``router.pipeline_latency``), the packet former (1)."""
-    return 1 + router.pipeline_latency(k, groups, topk_groups) + 1
+    return 5 + router.pipeline_latency(k, groups, topk_groups) + 1
 
 
 def dispatch_flits(experts, gates, x, lanes, gate_width):

@@ -196,19 +196,22 @@ def gate_drain(mults):
     """Cycles ``ffn_slice`` pauses the weight port between the last Wu beat and the first Wd beat.
 
     The last h value must be in the h buffer before the first Wd beat reads it: the beat passes
-    the weight register (1), the product register (1), the adder tree, the row register (1) and
-    the product register of the gate (1); the h write lands at the end of that cycle.
+    the weight register (1), the operand registers (1), the product register (1), the adder
+    tree, the row register (1), the shifted-value register (1), the activation table's
+    synchronous read (1), the gate multiplier's operand registers (1), its product register (1),
+    the shifted-product register (1) and the h code register (1); the h write lands at the end
+    of that cycle.
     """
-    return tree_levels(mults) + 4
+    return tree_levels(mults) + 10
 
 
 def result_latency(mults):
     """Edges from the transfer of a row's last weight beat to its result's transfer (ready output).
 
-    Weight register, product register, adder tree, row register (the FIFO write), then the
-    output FIFO's two-register read path.
+    Weight register, operand registers, product register, adder tree, row register (the FIFO
+    write), then the output FIFO's two-register read path.
     """
-    return 1 + 1 + tree_levels(mults) + 1 + 2
+    return 1 + 1 + 1 + tree_levels(mults) + 1 + 2
 
 
 def weight_beats(op, rows, cols, mults):

@@ -9,6 +9,7 @@ Also the stream formats of the layer's ports and the bond count of its two-tier 
 """
 
 from golden.spiking_expert import bond_count, column_latency, expert_output_order, expert_reference
+from golden.spiking_router import route_latency
 from golden.spiking_router import merge, route_mask, router_scores
 
 __all__ = ["moe_reference", "moe_input_beats", "moe_output_order", "moe_bond_count",
@@ -79,7 +80,7 @@ def moe_cycles(d_in, d_out, tokens, timesteps, counts, rows, cols):
 
     * act beats at 1..d_in (LOAD follows the command);
     * the router's command at d_in + 1, its T x D_in beats right after (one column tile);
-    * route j at the last routing beat + ``column_latency(E)`` + j (the router's model);
+    * route j at the last routing beat + ``route_latency(E)`` + j (the router's model);
     * the weight stream (E x row tiles x D_in beats from edge 1) runs beside; the cores get
       their commands 2 edges after both the last route and the last weight beat (the ISSUE
       state), their first beats one edge later;
@@ -92,7 +93,7 @@ def moe_cycles(d_in, d_out, tokens, timesteps, counts, rows, cols):
     tiles = -(-d_out // rows)
     act_last = d_in
     route_beats_last = d_in + 1 + timesteps * d_in
-    routes = [route_beats_last + column_latency(experts) + j for j in range(tokens)]
+    routes = [route_beats_last + route_latency(experts) + j for j in range(tokens)]
     weights_last = experts * tiles * d_in
     issue = max(routes[-1], weights_last) + 2
     finish = issue - 1                        # cores without tokens finish in ISSUE

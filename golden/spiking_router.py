@@ -14,7 +14,15 @@ from golden.fixed import wrap
 from golden.spiking_expert import column_latency
 
 __all__ = ["router_scores", "route_mask", "router_input_beats", "router_output_order",
-           "merge", "column_latency"]
+           "merge", "route_latency"]
+
+
+def route_latency(experts):
+    """Edges from a column tile's last beat to the route of its first token (ready output):
+    the score array's :func:`golden.spiking_expert.column_latency`, plus the top-K's
+    comparison register (the counts and the compare with K follow in the output register's
+    cycle). Token j of the tile leaves ``j`` edges later."""
+    return column_latency(experts) + 1
 
 
 def router_scores(spikes, routing_weights, acc_width):

@@ -9,9 +9,11 @@ docs/blocks/moe_layer.md.
 
 ``moe_gate`` structure:
 
-* x beats (``lanes`` elements each) are taken one per cycle; each beat adds its lanes' products
-  with the matching rows of W_g into E wrapping accumulators (``lanes * E`` multipliers) and is
-  kept in the x FIFO; at a token's final beat the E score codes are registered for the router;
+* x beats (``lanes`` elements each) are taken one per cycle and kept in the x FIFO; a pipeline
+  of registers computes each beat's lanes' products with the matching rows of W_g
+  (``lanes * E`` multipliers), sums them per expert and adds the sums into E wrapping
+  accumulators; a token's final totals are registered and then their E score codes, for the
+  router;
 * ``topk_router`` (a submodule, its own contract) picks the k experts and the leaf mask;
 * the packet former takes one route, looks the k gate weights up in the gate table and sends
   ``ceil(k/lanes)`` header flits, then the token's x beats from the FIFO as flits, the next
@@ -33,7 +35,7 @@ from golden import moe_layer as golden
 from golden import router as golden_router
 from hw.params import (ConfiguredComponent, TieredComponent, int_param, like_param,
                        param_error, validate)
-from hw.pipeline import requant, select
+from hw.pipeline import StallPipe, requant, select
 from hw.registry import Block, register
 from hw.nop import NopConfig, NopTree, down_layout, up_layout
 from hw.pmu import PMU, PMUConfig, ScratchpadBanks, banks_signature
@@ -227,39 +229,69 @@ class MoEGate(ConfiguredComponent):
                      table_write.data.eq(self.gate_lut.payload.value)]
         table_reads = [table.read_port(domain="comb") for _ in range(cfg.k)]
 
-        # Scores: beat counter, accumulators, the registered codes offered to the router.
+        # Scores: a pipeline of registers that move together (clock rate): the x beat and its
+        # W_g word (a synchronous read at the edge the beat is taken), the L x E products,
+        # their sum per expert, the accumulators (and a final beat's totals), then the E codes
+        # registered for the router. The pipeline stops only while a final beat's totals
+        # find the codes register full, even in a cycle where the router takes
+        # those codes (so the stop does not depend on the router's ready, a long path through
+        # the packet former; final beats B >= 1 edges apart and packets of H + B >= 2 flits
+        # leave no throughput to this).
         beat = Signal(range(B))
         final = beat == B - 1
-        read = weights.read_port(domain="comb")
-        m.d.comb += read.addr.eq(beat)
+        read = weights.read_port(transparent_for=())
         acc = [Signal(signed(cfg.acc_width), name=f"acc_{e}") for e in range(E)]
         fifo = m.submodules.x_fifo = SyncFIFOBuffered(
-            width=L * cfg.in_width, depth=B * (cfg.router_config().latency + 3))
+            width=L * cfg.in_width, depth=B * (cfg.router_config().latency + 7))
         scores = router.scores
+        totals_final = Signal()
+        advance = Signal()
+        m.d.comb += advance.eq(~(totals_final & scores.valid))
+        pipe = StallPipe(advance)
+        m.d.comb += [self.x.ready.eq(fifo.w_rdy & advance), read.addr.eq(beat),
+                     read.en.eq(advance)]
         taken = self.x.valid & self.x.ready
-        m.d.comb += self.x.ready.eq(fifo.w_rdy & (~final | ~scores.valid | scores.ready))
         m.d.comb += [fifo.w_en.eq(taken), fifo.w_data.eq(self.x.payload.data.as_value())]
-        with m.If(scores.ready):
-            m.d.sync += scores.valid.eq(0)
         with m.If(taken):
             with m.If(self.x.payload.last != final):
                 m.d.sync += error.eq(1)
             m.d.sync += beat.eq(Mux(final, 0, beat + 1))
+        beat_valid = pipe.reg(taken, "beat_valid")
+        beat_final = pipe.reg(final, "beat_final")
+        beat_token = pipe.reg(self.x.payload.token, "beat_token")
+        beat_x = pipe.reg(self.x.payload.data.as_value(), "beat_x")
+        product_width = cfg.in_width + cfg.w_width
+        products = [[pipe.reg(
+            (beat_x[l * cfg.in_width:(l + 1) * cfg.in_width].as_signed() *
+             read.data[l * row_bits + e * cfg.w_width:
+                       l * row_bits + (e + 1) * cfg.w_width].as_signed())[:product_width]
+            .as_signed(), f"product_{e}_{l}") for l in range(L)] for e in range(E)]
+        products_valid = pipe.reg(beat_valid, "products_valid")
+        products_final = pipe.reg(beat_final, "products_final")
+        products_token = pipe.reg(beat_token, "products_token")
+        beat_sums = [pipe.reg(sum(products[e]).as_signed(), f"beat_sum_{e}") for e in range(E)]
+        sums_valid = pipe.reg(products_valid, "sums_valid")
+        sums_final = pipe.reg(products_final, "sums_final")
+        sums_token = pipe.reg(products_token, "sums_token")
+        # The accumulators; a final beat's totals are registered, their codes made in the next
+        # stage (the wide add and the requantization do not fit in one cycle).
+        totals = []
+        for e in range(E):
+            total = Signal(signed(cfg.acc_width), name=f"sum_{e}")
+            m.d.comb += total.eq(acc[e] + beat_sums[e])
+            pipe.add(acc[e].eq(Mux(sums_valid, Mux(sums_final, 0, total), acc[e])))
+            totals.append(pipe.reg(total, f"total_{e}"))
+        pipe.add(totals_final.eq(sums_valid & sums_final))
+        totals_token = pipe.reg(sums_token, "totals_token")
+        pipe.emit(m)
+        with m.If(scores.ready):
+            m.d.sync += scores.valid.eq(0)
+        with m.If(advance & totals_final):
             bias = 1 << (cfg.score_width - 1)
-            for e in range(E):
-                products = [self.x.payload.data[l] *
-                            read.data[l * row_bits + e * cfg.w_width:
-                                      l * row_bits + (e + 1) * cfg.w_width].as_signed()
-                            for l in range(L)]
-                total = Signal(signed(cfg.acc_width), name=f"sum_{e}")
-                m.d.comb += total.eq(acc[e] + sum(products))
+            for e, total in enumerate(totals):
                 code = requant(m, total, cfg.score_shift, cfg.score_width, f"code_{e}")
-                with m.If(final):
-                    m.d.sync += [acc[e].eq(0), scores.payload.score[e].eq(code + bias)]
-                with m.Else():
-                    m.d.sync += acc[e].eq(total)
-            with m.If(final):
-                m.d.sync += [scores.valid.eq(1), scores.payload.token.eq(self.x.payload.token)]
+                m.d.sync += scores.payload.score[e].eq(code + bias)
+            m.d.sync += [scores.valid.eq(1), scores.payload.token.eq(totals_token)]
 
         # Packet former: one route at a time, H header flits then B x flits.
         route = router.route

@@ -12,11 +12,12 @@ are read from DRAM once however many tokens share them and the M multipliers sta
 
 Datapath, one (weight beat, token) pair per cycle::
 
-    weight beat --> [w reg] --> M multipliers x buffer lane --> [products] --> adder tree
-                    x/h buffer read (same cycle)                   (one register per level)
+    weight beat --> [w reg] --> [w, x/h operands] --> M multipliers --> [products] --> adder tree
+                    x/h buffer read (same cycle)                        (one register per level)
         --> accumulator --> [row result] --+--> output FIFO --> y     (gemv, Wd rows)
-                                           +--> requant, LUT --> [a]  (Wg rows)
-                                           +--> requant x a --> [p] --> requant --> h buffer
+                                           +--> shift --> [g, u] --> round, saturate --+
+            Wg rows: [LUT[g]] --> [a];  Wu rows: [u] --> [a, u] --> x --> [p] --> shift
+            --> [p >> shift_h] --> round, saturate --> [h] --> h buffer
 
 Control: a command is taken only when the core is idle; with ``load_x`` it first takes
 ``S * ceil(cols/M)`` x beats (token by token), then it issues one (beat, token) pair per cycle;
@@ -45,7 +46,7 @@ from amaranth.utils import bits_for
 
 from golden import ndp as golden
 from hw.params import ConfiguredComponent, int_param, like_param, param_error, validate
-from hw.pipeline import requant
+from hw.pipeline import requant_round, requant_shift
 from hw.registry import Block, register
 
 __all__ = ["NdpConfig", "NdpCore", "command_layout", "token_bits", "SHIFT_BITS", "COUNT_BITS",
@@ -170,7 +171,7 @@ class NdpCore(ConfiguredComponent):
         m.submodules.lut_table = lut_table = Memory(shape=signed(xw), depth=1 << xw, init=[])
         x_write, x_read = x_buffer.write_port(), x_buffer.read_port()
         h_write, h_read = h_buffer.write_port(granularity=xw), h_buffer.read_port()
-        lut_write, lut_read = lut_table.write_port(), lut_table.read_port(domain="comb")
+        lut_write, lut_read = lut_table.write_port(), lut_table.read_port()
 
         # Latched command.
         op = Signal(1)
@@ -230,18 +231,26 @@ class NdpCore(ConfiguredComponent):
         with m.If(take):
             m.d.sync += w_reg.eq(self.w.payload.w)
         m.d.comb += [x_read.addr.eq(x_base + chunk), h_read.addr.eq(h_base + chunk)]
+        # Stage 2: the multipliers' operands registered, lanes past the row end zeroed (clock
+        # rate: the x/h select and the lane mask fan out to every lane, and each lane's DSP
+        # then starts from registers).
         operand = Signal(M * xw)
-        m.d.comb += operand.eq(Mux(meta1.use_h, h_read.data, x_read.data))
+        m.d.sync += operand.eq(Mux(meta1.use_h, h_read.data, x_read.data))
+        w_operand = Signal(data.ArrayLayout(signed(cfg.w_width), M))
+        for lane in range(M):
+            m.d.sync += w_operand[lane].eq(Mux(lane < meta1.lanes, w_reg[lane], 0))
+        meta_operand = Signal(meta_layout, name="meta_operand")
+        m.d.sync += meta_operand.eq(meta1)
 
-        # Stage 2: masked products (lanes past the row end are ignored).
+        # Stage 3: products (a masked lane's weight is 0, so its product is).
         product_width = cfg.w_width + xw
         products = [Signal(signed(product_width), name=f"product{l}") for l in range(M)]
         for lane, product in enumerate(products):
             x_lane = operand[lane * xw:(lane + 1) * xw].as_signed()
-            m.d.sync += product.eq(Mux(lane < meta1.lanes, w_reg[lane] * x_lane, 0))
+            m.d.sync += product.eq(w_operand[lane] * x_lane)
         meta = Signal(meta_layout, name="meta2")
-        m.d.sync += meta.eq(meta1)
-        metas = [meta1, meta]
+        m.d.sync += meta.eq(meta_operand)
+        metas = [meta1, meta_operand, meta]
 
         # Adder tree, one register per level.
         level, width, depth = products, product_width, 0
@@ -281,39 +290,83 @@ class NdpCore(ConfiguredComponent):
         ]
 
         # Gate: a = LUT[requant(g)] at a Wg row (one per token), p = a * requant(u) at the next
-        # Wu row, written to token t's h vector.
-        gates = Array(Signal(signed(xw), name=f"gate{t}") for t in range(T))
-        g_code = requant(m, row_value, shift_g, xw, "g_requant")
-        u_code = requant(m, row_value, shift_u, xw, "u_requant")
+        # Wu row, written to token t's h vector. Six registers, one per step (clock rate:
+        # a run-time shift, a multiply and another run-time shift do not fit in one cycle):
+        # the shifted row values, the table look-up, the multiplier's operands, the product p,
+        # the shifted p, the h code.
+        g_shifted = Signal(signed(cfg.acc_width + 1))
+        u_shifted = Signal(signed(cfg.acc_width + 1))
+        code_valid = Signal()
+        code_kind = Signal(2)
+        code_token = Signal(range(T))
+        code_last_token = Signal()
+        m.d.sync += [g_shifted.eq(requant_shift(m, row_value, shift_g, "g_requant")),
+                     u_shifted.eq(requant_shift(m, row_value, shift_u, "u_requant")),
+                     code_valid.eq(row_meta.valid & (row_meta.kind != KIND_Y)),
+                     code_kind.eq(row_meta.kind), code_token.eq(row_meta.token),
+                     code_last_token.eq(row_meta.last_token)]
+        g_code = requant_round(m, g_shifted, xw, "g_code")
+        u_code = requant_round(m, u_shifted, xw, "u_code")
+        # The table is read synchronously (block RAM where the target has it): the look-up
+        # stage holds the row's u code, kind and token while the entry comes out.
         m.d.comb += lut_read.addr.eq(g_code.as_unsigned())
-        with m.If(row_meta.valid & (row_meta.kind == KIND_G)):
-            m.d.sync += gates[row_meta.token].eq(lut_read.data)
+        look_valid = Signal()
+        look_kind = Signal(2)
+        look_token = Signal(range(T))
+        look_last_token = Signal()
+        look_u = Signal(signed(xw))
+        m.d.sync += [look_valid.eq(code_valid), look_kind.eq(code_kind),
+                     look_token.eq(code_token), look_last_token.eq(code_last_token),
+                     look_u.eq(u_code)]
+        gates = Array(Signal(signed(xw), name=f"gate{t}") for t in range(T))
+        with m.If(look_valid & (look_kind == KIND_G)):
+            m.d.sync += gates[look_token].eq(lut_read.data)
+        # The multiplier's operands registered (the token's gate picked from T, then the DSP).
+        # gates[t] was written at a Wg row of token t, at least one edge before its Wu row.
+        a_operand = Signal(signed(xw))
+        u_operand = Signal(signed(xw))
+        operand_valid = Signal()
+        operand_last_token = Signal()
+        u_row = look_valid & (look_kind == KIND_U)
+        m.d.sync += [a_operand.eq(gates[look_token]), u_operand.eq(look_u),
+                     operand_valid.eq(u_row), operand_last_token.eq(look_last_token)]
         p_reg = Signal(signed(2 * xw))
         p_valid = Signal()
         p_last_token = Signal()
-        u_row = row_meta.valid & (row_meta.kind == KIND_U)
-        m.d.sync += [p_valid.eq(u_row), p_last_token.eq(row_meta.last_token)]
-        with m.If(u_row):
-            m.d.sync += p_reg.eq(gates[row_meta.token] * u_code)
-        h_code = requant(m, p_reg, shift_h, xw, "h_requant")
+        m.d.sync += [p_reg.eq(a_operand * u_operand), p_valid.eq(operand_valid),
+                     p_last_token.eq(operand_last_token)]
+        # h = requant(p, shift_h) in two registers (the shift, then the rounding): the h code
+        # fans out to every lane's buffer write.
+        h_shifted = Signal(signed(2 * xw + 1))
+        h_shifted_valid = Signal()
+        h_shifted_last_token = Signal()
+        m.d.sync += [h_shifted.eq(requant_shift(m, p_reg, shift_h, "h_requant")),
+                     h_shifted_valid.eq(p_valid), h_shifted_last_token.eq(p_last_token)]
+        h_code = Signal(signed(xw))
+        h_valid = Signal()
+        h_last_token = Signal()
+        m.d.sync += [h_code.eq(requant_round(m, h_shifted, xw, "h_code_rounded")),
+                     h_valid.eq(h_shifted_valid), h_last_token.eq(h_shifted_last_token)]
         h_lane = Signal(range(M))
         h_word = Signal(range(cfg.h_words + 1))
         h_write_base = Signal(range(T * cfg.h_words + 1))    # the token's first h word
         m.d.comb += [h_write.addr.eq(h_write_base + h_word),
                      h_write.data.eq(h_code.as_unsigned().replicate(M)),
-                     h_write.en.eq(Mux(p_valid, (Const(1, M) << h_lane)[:M], 0))]
-        with m.If(p_valid):
-            m.d.sync += h_write_base.eq(Mux(p_last_token, 0, h_write_base + cfg.h_words))
-            with m.If(p_last_token):
+                     h_write.en.eq(Mux(h_valid, (Const(1, M) << h_lane)[:M], 0))]
+        with m.If(h_valid):
+            m.d.sync += h_write_base.eq(Mux(h_last_token, 0, h_write_base + cfg.h_words))
+            with m.If(h_last_token):
                 with m.If(h_lane == M - 1):
                     m.d.sync += [h_lane.eq(0), h_word.eq(h_word + 1)]
                 with m.Else():
                     m.d.sync += h_lane.eq(h_lane + 1)
 
-        # Pairs still on their way to the row register; the gate's product register is left
-        # out because the h write it makes lands before a read issued in the next cycle.
+        # Pairs still on their way to the h code register; that register is left out because
+        # the h write it makes lands before a read issued in the next cycle.
         before_gate = Signal()
-        m.d.comb += before_gate.eq(Cat(*(x.valid for x in metas), row_meta.valid).any())
+        m.d.comb += before_gate.eq(
+            Cat(*(x.valid for x in metas), row_meta.valid, code_valid, look_valid,
+                operand_valid, p_valid, h_shifted_valid).any())
 
         # Output slot accounting.
         reserve = Signal()
@@ -335,7 +388,7 @@ class NdpCore(ConfiguredComponent):
 
         # busy: a command is running or a result is still on its way out.
         idle = Signal()
-        m.d.comb += self.busy.eq(~idle | before_gate | p_valid | (reserved != 0))
+        m.d.comb += self.busy.eq(~idle | before_gate | h_valid | (reserved != 0))
 
         with m.FSM():
             with m.State("IDLE"):

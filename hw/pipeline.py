@@ -8,7 +8,7 @@ from amaranth.lib.fifo import SyncFIFO
 from golden.fixed import signed_limits
 
 __all__ = ["StallPipe", "OutputQueue", "OUT_FIFO_DEPTH", "lanes_layout", "saturate", "select",
-           "or_tree", "max_tree", "leading_one", "requant"]
+           "or_tree", "max_tree", "leading_one", "requant", "requant_shift", "requant_round"]
 
 # Depth of an output queue. Two entries suffice for full throughput: a pipeline writes at most
 # one beat per cycle and a ready consumer reads one per cycle, so the level never exceeds one.
@@ -62,17 +62,53 @@ def saturate(value, width):
 def requant(m, value, shift, width, name):
     """``golden.ndp.requant`` in hardware: round half up by an arithmetic right shift of
     ``shift`` (an int, or a Value: a run-time shift), then saturate to signed ``width`` bits.
-    Returns the ``width``-bit signal ``name``."""
-    if isinstance(shift, int):
-        wide = len(value) + 2
-        half = (1 << shift) >> 1
-    else:
-        wide = max(len(value), 1 << len(shift)) + 2
-        half = (Const(1, wide) << shift) >> 1          # 0 when shift is 0
-    rounded = Signal(signed(wide), name=f"{name}_rounded")
-    m.d.comb += rounded.eq((value + half) >> shift)
+    Returns the ``width``-bit signal ``name``.
+
+    Shaped for the clock rate: floor((v + 2^(s-1)) / 2^s) = floor((floor(2v / 2^s) + 1) / 2)
+    for every s >= 0, so the shift comes first and the rounding is an increment (no run-time
+    decoded half feeding an adder before the shifter), and the range check reads the top bits
+    (all equal) instead of comparing with two constants.
+    """
+    return requant_round(m, requant_shift(m, value, shift, name), width, name)
+
+
+def requant_shift(m, value, shift, name):
+    """:func:`requant`'s first half: floor(2v / 2^shift), a signed signal (a pipeline may
+    register it before :func:`requant_round`)."""
+    value = Value.cast(value)
+    doubled = Signal(signed(len(value) + (1 if value.shape().signed else 2)),
+                     name=f"{name}_doubled")
+    m.d.comb += doubled.eq(value << 1)
+    shifted = Signal(signed(len(doubled)), name=f"{name}_shifted")
+    m.d.comb += shifted.eq(doubled >> shift)
+    return shifted
+
+
+def requant_round(m, shifted, width, name):
+    """:func:`requant`'s second half: (shifted + 1) / 2 rounded down, saturated to signed
+    ``width`` bits (the signal ``name``).
+
+    ``shifted`` is first clamped to ``width + 2`` bits (a top-bit check, no carry): a value
+    past that range rounds to one past ``width`` bits either way, so it still saturates the
+    same way, and the increment is ``width + 2`` bits long instead of the shifted value's."""
+    narrow = width + 2
+    if len(shifted) > narrow:
+        top = shifted[narrow - 1:]
+        low, high = signed_limits(narrow)
+        clamped = Signal(signed(narrow), name=f"{name}_clamped")
+        m.d.comb += clamped.eq(Mux(~top.any() | top.all(), shifted[:narrow],
+                                   Mux(shifted[-1], low, high)))
+        shifted = clamped
+    rounded = Signal(signed(len(shifted)), name=f"{name}_rounded")
+    m.d.comb += rounded.eq((shifted + 1) >> 1)
     out = Signal(signed(width), name=name)
-    m.d.comb += out.eq(saturate(rounded, width))
+    if len(rounded) <= width:
+        m.d.comb += out.eq(rounded)
+    else:
+        top = rounded[width - 1:]
+        low, high = signed_limits(width)
+        m.d.comb += out.eq(Mux(~top.any() | top.all(), rounded[:width],
+                               Mux(rounded[-1], low, high)))
     return out
 
 

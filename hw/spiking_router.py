@@ -76,17 +76,33 @@ def route_layout(config):
         "scores": data.ArrayLayout(signed(config.acc_width), config.experts), "last": 1})
 
 
-def top_k_mask(m, scores, k, name):
-    """Combinational top-K: bit e is set when fewer than ``k`` experts beat expert e (a higher
-    score, or an equal score at a lower index). E x (E - 1) comparators, one cycle."""
+def top_k_wins(scores):
+    """Expert e's comparisons, for :func:`top_k_mask`: one bit per other expert j, set when j
+    beats e (a higher score, or an equal score at a lower index). E x (E - 1) comparators, each
+    one carry chain (>= rather than > | ==)."""
+    return [Cat(*[(other >= mine) if j < e else (other > mine)
+                  for j, other in enumerate(scores) if j != e])
+            for e, mine in enumerate(scores)]
+
+
+def top_k_mask(m, wins, k, name):
+    """Top-K from :func:`top_k_wins`' bits: bit e is set when fewer than ``k`` experts beat
+    expert e. The beats are counted by a balanced adder tree (a left-leaning sum chains E - 2
+    adders)."""
     bits = []
-    for e, mine in enumerate(scores):
-        beaten_by = Signal(range(len(scores) + 1), name=f"{name}_beaten_by{e}")
-        m.d.comb += beaten_by.eq(sum(
-            ((other > mine) | (other == mine)) if j < e else (other > mine)
-            for j, other in enumerate(scores) if j != e) if len(scores) > 1 else 0)
+    for e, beats in enumerate(wins):
+        beaten_by = Signal(range(len(wins) + 1), name=f"{name}_beaten_by{e}")
+        m.d.comb += beaten_by.eq(_balanced_sum(list(beats)) if len(beats) else 0)
         bits.append(beaten_by < k)
     return Cat(*bits)
+
+
+def _balanced_sum(terms):
+    """The sum of ``terms`` as a balanced tree of adders (depth ceil(log2 n))."""
+    while len(terms) > 1:
+        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
+                 for i in range(0, len(terms), 2)]
+    return terms[0]
 
 
 class SpikingRouter(SisTieredComponent):
@@ -157,12 +173,23 @@ class SpikingRouter(SisTieredComponent):
                 m.d.sync += [token.eq(0), draining.eq(0)]
             with m.Else():
                 m.d.sync += token.eq(token + 1)
+        # Two stages (clock rate): the comparisons registered with the route's other fields
+        # and K (a new command may be taken while they are in flight), then the counts and the
+        # compare with K into the output register.
         route = Signal(route_layout(cfg))
-        m.d.comb += [route.token.eq(token), route.experts.eq(top_k_mask(m, scores, job.k, "topk")),
+        m.d.comb += [route.token.eq(token),
                      route.scores.eq(Cat(*[sc.as_unsigned() for sc in scores])),
                      route.last.eq(token == job.tokens - 1)]
-        out_valid = pipe.reg(real, "route_valid")
-        out_route = pipe.reg(route.as_value(), "route_out")
+        compared_valid = pipe.reg(real, "compared_valid")
+        compared = Signal(route_layout(cfg))
+        m.d.comb += compared.eq(pipe.reg(route.as_value(), "compared_route"))
+        wins = [pipe.reg(bits, f"topk_wins{e}") for e, bits in enumerate(top_k_wins(scores))]
+        compared_k = pipe.reg(job.k, "compared_k")
+        routed = Signal(route_layout(cfg))
+        m.d.comb += [routed.eq(compared),
+                     routed.experts.eq(top_k_mask(m, wins, compared_k, "topk"))]
+        out_valid = pipe.reg(compared_valid, "route_valid")
+        out_route = pipe.reg(routed.as_value(), "route_out")
         queue.push(m, out_valid & pipe.enable, out_route)
         pipe.emit(m)
         return m
@@ -171,7 +198,7 @@ class SpikingRouter(SisTieredComponent):
 register(Block(
     name="spiking_router", family="spiking_router", config=SpikingRouterConfig,
     build=SpikingRouter,
-    figures=lambda cfg: {"column_latency_cycles": golden.column_latency(cfg.experts),
+    figures=lambda cfg: {"route_latency_cycles": golden.route_latency(cfg.experts),
                          "routes_per_cycle_in_a_tile": 1},
     summary="spiking token router: expert routing-score array (spike-gated) + top-K, ties low",
     demo_configs=({"experts": 8, "cols": 16, "max_tokens": 32},),

@@ -1,8 +1,8 @@
 """cocotb tests of ``logfmt_decoder`` against ``golden.logfmt.decode_code``.
 
 Every output beat (BF16 codes, ``last``) is compared in order with the golden decoding of the
-beat that went in; with every port ready the beats go one a cycle and each leaves one edge after
-it was taken.
+beat that went in; with every port ready the beats go one a cycle and each leaves
+``golden.logfmt.DECODER_LATENCY`` edges after it was taken.
 """
 
 import time
@@ -62,7 +62,9 @@ class DecoderBench(PipeBench):
         if timed:
             taken = self.sources["inp"].sent_edges
             got = [edge for edge, _ in self.sinks["out"].received]
-            assert got == [edge + 1 for edge in taken], "a beat did not leave one edge later"
+            latency = golden.DECODER_LATENCY
+            assert got == [edge + latency for edge in taken], \
+                f"a beat did not leave {latency} edges after it was taken"
 
 
 async def _watch_ready_rule(dut, broken):
@@ -84,8 +86,8 @@ async def _watch_ready_rule(dut, broken):
 @cocotb.parametrize((("gap", "stall"), STALL_PROFILES))
 async def test_random_beats(dut, gap, stall):
     """Encoded tiles of every kind and arbitrary beats (any lo, step and codes), under valid
-    gaps and output stalls: every beat as the golden's, in order; one edge of latency when the
-    consumer is always ready; the ready rule in every cycle."""
+    gaps and output stalls: every beat as the golden's, in order; DECODER_LATENCY edges of
+    latency when the consumer is always ready; the ready rule in every cycle."""
     bench = await start_bench(DecoderBench, dut, f"random:{gap}:{stall}", gap, stall)
     broken = []
     watcher = cocotb.start_soon(_watch_ready_rule(dut, broken))
@@ -104,8 +106,9 @@ async def test_random_beats(dut, gap, stall):
 @cocotb.test()
 async def test_edge_values(dut):
     """Every code at the top and bottom of the exponent range: the largest finite value and the
-    saturation above it, the subnormals and their rounding to nearest even, the smallest normal
-    reached by rounding, zero codes of both signs, a NaN tile."""
+    saturation above it, the subnormals and their rounding to nearest even (every shift with
+    every table entry), the smallest normal reached by rounding, zero codes of both signs, a
+    NaN tile; consecutive values across the table index's rounding bit."""
     bench = await start_bench(DecoderBench, dut, "edges")
     bits, lanes = bench.cfg.bits, bench.cfg.lanes
     levels = (1 << (bits - 1)) - 1
@@ -122,6 +125,27 @@ async def test_edge_values(dut):
     bench.send(([0, 1 << (bits - 1)] * lanes)[:lanes],
                golden.TileParams(0, 0, False), True)
     bench.send([1] * lanes, golden.TileParams(0, 0, True), True)
+    # Every subnormal shift (1..9 and past the smallest subnormal) with every entry of the
+    # 2**(i/256) table: step 0, so every nonzero code decodes lo; every tie, sticky and
+    # round bit of the subnormal rounding.
+    for shift in range(1, 11):
+        for index in range(256):
+            lo = ((-126 - shift) << 16) + (index << 8)
+            bench.send([1 + (index + lane) % levels for lane in range(lanes)],
+                       golden.TileParams(lo, 0, False), index == 255)
+    # The table index's rounding bit (bit 15 of the Q24 value) crossed by consecutive codes,
+    # at table entries where the significand steps (so the crossing shows in the output): lo's
+    # fraction puts the value just below the boundary and each code adds step.
+    table_steps = [i for i in range(255) if golden.EXP_TABLE[i] != golden.EXP_TABLE[i + 1]]
+    for n, step in enumerate((1, 2, 3, 255, 4097, (1 << 15) - 1)):
+        for exponent in (-130, 0, 100):
+            entry = table_steps[(7 * n + exponent) % len(table_steps)]
+            below = (entry << 16) + (1 << 15) - step * (levels // 2)
+            lo = (exponent << 16) + (below >> 8)
+            params = golden.TileParams(lo, step, False)
+            for start in range(0, len(codes), lanes):
+                row = (codes[start:start + lanes] + [levels] * lanes)[:lanes]
+                bench.send(row, params, start + lanes >= len(codes))
     await bench.drain()
     bench.check(timed=True)
     bench.stop()
@@ -153,8 +177,9 @@ async def test_throughput(dut):
     bench.check(timed=True)
     rate = beats_per_cycle(bench.sources["inp"].sent_edges)
     assert rate == 1.0
+    latency = bench.sinks["out"].received[0][0] - bench.sources["inp"].sent_edges[0]
     write_throughput({"elements_per_cycle": rate * bench.cfg.lanes,
-                      "latency_cycles": 1},
+                      "latency_cycles": latency},
                      "LogFMT codes decoded to BF16 per cycle, every port ready",
                      (edge_now() - first_edge) / (time.perf_counter() - began),
                      operations=bench.beats * bench.cfg.lanes)

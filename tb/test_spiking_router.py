@@ -163,7 +163,7 @@ async def test_bad_commands_set_sticky_error(dut):
 @cocotb.test()
 async def test_throughput(dut):
     """Waiting streams and a ready output: every beat goes in one per cycle (no bubble between
-    column tiles when T x D_in >= C), token j of a tile leaves column_latency + j edges after
+    column tiles when T x D_in >= C), token j of a tile leaves route_latency + j edges after
     the tile's last beat: one route per cycle."""
     bench = _setup(dut, "throughput")
     await start_after_reset(dut, bench)
@@ -180,7 +180,7 @@ async def test_throughput(dut):
     assert taken == list(range(taken[0], taken[0] + len(taken))), "bubble between beats"
     outs = [edge for edge, _ in bench.routes.received]
     per_tile = steps * d_in
-    latency = golden.column_latency(cfg.experts)
+    latency = golden.route_latency(cfg.experts)
     for tile, end in enumerate(taken[per_tile - 1::per_tile]):
         columns = outs[tile * C:(tile + 1) * C]
         want = [end + latency + j for j in range(len(columns))]

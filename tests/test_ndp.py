@@ -43,6 +43,42 @@ def test_cocotb_sweep(params, simulator):
     assert run_block("ndp_core", params, simulator).tests == COCOTB_TESTS
 
 
+@pytest.mark.parametrize("value_shape,shift_bits,width", [
+    (("s", 10), 4, 5), (("u", 8), 4, 4), (("s", 6), 3, 8), (("s", 9), 2, 3)])
+def test_hardware_requant_matches_golden_everywhere(value_shape, shift_bits, width):
+    """``hw.pipeline.requant`` (shift first, then an increment, the range read from the top bits)
+    against the golden rule for every value and every run-time shift, and for constant shifts:
+    signed and unsigned inputs, results that saturate both ways, shifts past the value's width,
+    a width wider than the value (no saturation possible)."""
+    from amaranth.hdl import Module, Signal, signed, unsigned
+    from amaranth.sim import Simulator
+    from hw.pipeline import requant
+    kind, bits = value_shape
+    shape = signed(bits) if kind == "s" else unsigned(bits)
+    m = Module()
+    value, shift = Signal(shape), Signal(shift_bits)
+    runtime = requant(m, value, shift, width, "runtime")
+    constant = {c: requant(m, value, c, width, f"constant{c}") for c in (0, 1, 3, 7)}
+    low, high = (-(1 << (bits - 1)), 1 << (bits - 1)) if kind == "s" else (0, 1 << bits)
+    mismatches = []
+
+    async def bench(ctx):
+        for v in range(low, high):
+            ctx.set(value, v)
+            for c, out in constant.items():
+                if ctx.get(out) != golden.requant(v, c, width):
+                    mismatches.append((v, c))
+            for s in range(1 << shift_bits):
+                ctx.set(shift, s)
+                if ctx.get(runtime) != golden.requant(v, s, width):
+                    mismatches.append((v, s))
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
+    assert mismatches == []
+
+
 def test_requant_rounds_half_up_and_saturates():
     assert golden.requant(5, 1, 8) == 3          # 2.5 -> 3
     assert golden.requant(-5, 1, 8) == -2        # -2.5 -> -2 (half up, towards +inf)
@@ -96,23 +132,23 @@ def test_weight_stream_order():
 def test_cycle_model_by_hand():
     # gemv 5x17 on M=8 with x: 1 command edge + 3 x beats + 5*3 weight beats.
     assert golden.command_cycles(golden.OP_GEMV, 5, 17, True, 8, 16) == 1 + 3 + 15
-    # ffn_slice I_s=3, D=17, M=8: 2*3*3 gate beats, drain 3+4, 17 Wd rows of 1 beat.
-    assert golden.command_cycles(golden.OP_FFN_SLICE, 3, 17, False, 8, 16) == 1 + 18 + 7 + 17
-    assert golden.result_latency(64) == 11 and golden.result_latency(1) == 5
-    # M=5: latency 8; 4 slots: 4 single-beat rows, then the first slot frees at edge 1+8+1.
+    # ffn_slice I_s=3, D=17, M=8: 2*3*3 gate beats, drain 3+10, 17 Wd rows of 1 beat.
+    assert golden.command_cycles(golden.OP_FFN_SLICE, 3, 17, False, 8, 16) == 1 + 18 + 13 + 17
+    assert golden.result_latency(64) == 12 and golden.result_latency(1) == 6
+    # M=5: latency 9; 4 slots: 4 single-beat rows, then the first slot frees at edge 1+9+1.
     _, beats, results = golden.timeline([(golden.OP_GEMV, 6, 1, False)], 4, 5)
-    assert beats == [1, 2, 3, 4, 10, 11] and results == [9, 10, 11, 12, 18, 19]
+    assert beats == [1, 2, 3, 4, 11, 12] and results == [10, 11, 12, 13, 20, 21]
 
 
 def test_multi_token_cycle_model_by_hand():
     # gemv 5x17 on M=8, S=4: 1 command edge + 4*3 x beats + 15 beats held 4 edges each.
     assert golden.command_cycles(golden.OP_GEMV, 5, 17, True, 8, 16, 4) == 1 + 12 + 60
-    # ffn_slice I_s=3, D=17, S=2, no x: 18 gate beats x 2, drain 7, 17 Wd rows x 2.
-    assert golden.command_cycles(golden.OP_FFN_SLICE, 3, 17, False, 8, 16, 2) == 1 + 36 + 7 + 34
-    # A beat is taken at its token-0 pair: one-beat rows of 3 tokens, 4 slots (latency 8):
-    # pairs at 1, 2, 3 | 4, then the slot of pair 1 frees at edge 10.
+    # ffn_slice I_s=3, D=17, S=2, no x: 18 gate beats x 2, drain 13, 17 Wd rows x 2.
+    assert golden.command_cycles(golden.OP_FFN_SLICE, 3, 17, False, 8, 16, 2) == 1 + 36 + 13 + 34
+    # A beat is taken at its token-0 pair: one-beat rows of 3 tokens, 4 slots (latency 9):
+    # pairs at 1, 2, 3 | 4, then the slot of pair 1 frees at edge 11.
     _, beats, results = golden.timeline([(golden.OP_GEMV, 2, 1, False, 3)], 4, 5)
-    assert beats == [1, 4] and results == [9, 10, 11, 12, 18, 19]
+    assert beats == [1, 4] and results == [10, 11, 12, 13, 20, 21]
     # A DRAM that delivers late: the beat waits, the held pairs follow it.
     _, beats, _ = golden.timeline([(golden.OP_GEMV, 2, 16, False, 2)], 16, 8, [0, 20, 21, 22])
     assert beats == [1, 20, 22, 24]

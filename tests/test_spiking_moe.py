@@ -45,8 +45,8 @@ def test_input_formats():
 def test_cycle_model_phases():
     model = golden.moe_cycles(4, 3, 2, 1, [2, 0], 3, 2)
     assert model["act_last"] == 4 and model["route_beats"] == (6, 9)
-    assert model["routes"] == [9 + 5, 9 + 6]                    # column_latency(E = 2) = 5
-    assert model["issue"] == 17 and len(model["outputs"]) == 2
+    assert model["routes"] == [9 + 6, 9 + 7]                    # route_latency(E = 2) = 6
+    assert model["issue"] == 18 and len(model["outputs"]) == 2
 
 
 @pytest.mark.parametrize("kwargs, message", [
