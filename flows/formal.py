@@ -169,6 +169,10 @@ SOLVER_CHOICES = ("boolector", "z3")
 # for every trace of ``SMALL_BMC_DEPTH`` cycles from reset, and covers a transfer on every
 # output within ``SMALL_COVER_DEPTH`` cycles (so that the assumptions are not vacuous).
 SMALL_BMC_DEPTH, SMALL_COVER_DEPTH = 8, 24
+# Blocks whose first output transfer takes longer from reset: the layer's is its gate's score
+# pipeline and router, the tree down and up, the chiplet's FFN (reached at 25..28 since the
+# gate's clock-rate stages).
+SMALL_COVER_DEPTHS = {"moe_layer": 32}
 SMALLEST_CONFIGS = {
     "fp_dot": {"group": 1, "acc_frac": 4, "promote_every": 0},
     "logfmt_encoder": {"bits": 8, "lanes": 1, "tile": 2},
