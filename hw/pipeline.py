@@ -1,7 +1,7 @@
 """Helpers shared by pipelined blocks: stall-able registers, the output queue, lane layouts."""
 
 
-from amaranth.hdl import Const, Mux, Signal, Value, signed
+from amaranth.hdl import Mux, Signal, Value, signed
 from amaranth.lib import data
 from amaranth.lib.fifo import SyncFIFO
 
