@@ -493,8 +493,9 @@ class LogfmtDecoder(ConfiguredComponent):
         beat = self.inp.payload
         # DECODER_LATENCY stages that all move together (golden.logfmt.DECODER_LATENCY): the
         # product and sum; the exponent and the table; the BF16 field, the subnormal shift and
-        # the case; the packing into the output register. They move whenever the output register is free or being read, so the ready
-        # rule is the one-register rule: inp.ready = ~out.valid | out.ready.
+        # the case; the packing into the output register. They move whenever the output
+        # register is free or being read, so the ready rule is the one-register rule:
+        # inp.ready = ~out.valid | out.ready.
         advance = Signal()
         m.d.comb += [advance.eq(~self.out.valid | self.out.ready), self.inp.ready.eq(advance)]
         pipe = StallPipe(advance)

@@ -8,7 +8,8 @@ from amaranth.lib.fifo import SyncFIFO
 from golden.fixed import signed_limits
 
 __all__ = ["StallPipe", "OutputQueue", "OUT_FIFO_DEPTH", "lanes_layout", "saturate", "select",
-           "or_tree", "max_tree", "leading_one", "requant", "requant_shift", "requant_round"]
+           "or_tree", "sum_tree", "max_tree", "leading_one", "requant", "requant_shift",
+           "requant_round"]
 
 # Depth of an output queue. Two entries suffice for full throughput: a pipeline writes at most
 # one beat per cycle and a ready consumer reads one per cycle, so the level never exceeds one.
@@ -128,9 +129,19 @@ def or_tree(terms):
     nests deeper than Python's recursion limit in Amaranth's transformers, and is a deeper
     logic cone too.
     """
+    return _pairwise(terms, lambda a, b: a | b)
+
+
+def sum_tree(terms):
+    """The sum of ``terms`` as a balanced tree of adders (depth ceil(log2 n)); a left-leaning
+    sum chains n - 1 adders."""
+    return _pairwise(terms, lambda a, b: a + b)
+
+
+def _pairwise(terms, combine):
     terms = list(terms)
     while len(terms) > 1:
-        terms = [terms[i] | terms[i + 1] if i + 1 < len(terms) else terms[i]
+        terms = [combine(terms[i], terms[i + 1]) if i + 1 < len(terms) else terms[i]
                  for i in range(0, len(terms), 2)]
     return terms[0]
 

@@ -22,7 +22,7 @@ from amaranth.utils import bits_for
 
 from golden import spiking_router as golden
 from hw.params import int_param, validate
-from hw.pipeline import OutputQueue
+from hw.pipeline import OutputQueue, sum_tree
 from hw.registry import Block, register
 from hw.spiking_base import SisArray, SisTieredComponent, array_signature, tile_feeder
 
@@ -92,17 +92,9 @@ def top_k_mask(m, wins, k, name):
     bits = []
     for e, beats in enumerate(wins):
         beaten_by = Signal(range(len(wins) + 1), name=f"{name}_beaten_by{e}")
-        m.d.comb += beaten_by.eq(_balanced_sum(list(beats)) if len(beats) else 0)
+        m.d.comb += beaten_by.eq(sum_tree(beats) if len(beats) else 0)
         bits.append(beaten_by < k)
     return Cat(*bits)
-
-
-def _balanced_sum(terms):
-    """The sum of ``terms`` as a balanced tree of adders (depth ceil(log2 n))."""
-    while len(terms) > 1:
-        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
-                 for i in range(0, len(terms), 2)]
-    return terms[0]
 
 
 class SpikingRouter(SisTieredComponent):
