@@ -48,7 +48,7 @@ from golden.fixed import wrap
 
 __all__ = ["MoELayer", "score_codes", "gate_weights", "dispatch_flits", "parse_header",
            "chiplet_return", "layer", "mac_bound", "expert_macs", "header_flits",
-           "chiplet_stream_returns",
+           "chiplet_stream_returns", "chiplet_stream_edges",
            "gate_latency", "ChipletShape", "weight_beats", "chiplet_figures",
            "chiplet_batch_edges", "community_workload", "placements"]
 
@@ -389,9 +389,17 @@ def chiplet_batch_edges(slot_tokens, shape, tokens):
             "compute_edges": (last_result - first_pair + 1) if first_pair is not None else 0}
 
 
-def chiplet_stream_returns(batches, shape, banks, flits, arrivals):
-    """First-return edges of consecutive batches through a chiplet with ``banks`` token banks,
-    every port ready.
+def chiplet_stream_returns(batches, shape, banks, flits, arrivals, *, batch, batch_wait):
+    """First-return edges of consecutive batches (the ``firsts`` of
+    :func:`chiplet_stream_edges`)."""
+    return chiplet_stream_edges(batches, shape, banks, flits, arrivals, batch=batch,
+                                batch_wait=batch_wait)["firsts"]
+
+
+def chiplet_stream_edges(batches, shape, banks, flits, arrivals, *, batch, batch_wait):
+    """Per batch, the edges the collector takes its final flit (``lasts``: l), it closes
+    (``closes``: c), the planner is done with it (``dones``: d) and its first return is taken
+    (``firsts``), through a chiplet with ``banks`` token banks, every port ready.
 
     Parameters
     ----------
@@ -405,21 +413,29 @@ def chiplet_stream_returns(batches, shape, banks, flits, arrivals):
     arrivals : list of int
         Per batch, the edge at which the collector could take its final flit were it never
         held back (the edge ``down`` takes it, plus one through the input queue).
+    batch, batch_wait : int
+        The chiplet's parameters: tokens of a full batch, idle cycles before a partial one
+        closes. A batch of fewer tokens is partial: no further packet comes before it closes.
 
-    The collector takes a flit per edge into the next free bank; a batch closes at
-    c_b = max(arrivals_b, c_(b-1) + n_b*flits, f_(b-banks) + n_b*flits), where f is the edge
-    the emitter takes a batch's last return flit (a bank is free from the next edge). The
-    planner starts it at s_b = max(c_b, d_(b-1)) and is done at d_b = s_b + ``done`` of
+    The collector takes a flit per edge into the next free bank; its final flit is taken at
+    l_b = max(arrivals_b, c_(b-1) + n_b*flits, f_(b-banks) + n_b*flits), where f is the edge
+    the emitter takes a batch's last return flit (a bank is free from the next edge). A full
+    batch closes at c_b = l_b; a partial one at c_b = max(l_b + batch_wait, d_(b-1)), when
+    the planner is free to take it (d: the edge it is done with a batch; 0 before the first).
+    The planner starts it at s_b = max(c_b, d_(b-1)) and is done at d_b = s_b + ``done`` of
     :func:`chiplet_batch_edges`; the emitter starts it at e_b = max(d_b, f_(b-1)): its
     returns are taken at e_b + 1 .. f_b = e_b + n_b*flits.
     """
-    closes, dones, ends, firsts = [], [], [], []
+    lasts, closes, dones, ends, firsts = [], [], [], [], []
     for b, (slot_tokens, tokens) in enumerate(batches):
         close = arrivals[b]
         if b:
             close = max(close, closes[-1] + tokens * flits)
         if b >= banks:
             close = max(close, ends[b - banks] + tokens * flits)
+        lasts.append(close)
+        if tokens < batch:
+            close = max(close + batch_wait, dones[-1] if dones else 0)
         start = max(close, dones[-1]) if dones else close
         done = start + chiplet_batch_edges(slot_tokens, shape, tokens)["done"]
         emit = max(done, ends[-1]) if ends else done
@@ -427,7 +443,7 @@ def chiplet_stream_returns(batches, shape, banks, flits, arrivals):
         dones.append(done)
         ends.append(emit + tokens * flits)
         firsts.append(emit + 1)
-    return firsts
+    return {"lasts": lasts, "closes": closes, "dones": dones, "firsts": firsts}
 
 
 def _phase_end(ends, planned, phases, index, shape, rows, result_lag, last_gu_pair):

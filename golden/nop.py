@@ -21,9 +21,10 @@ __all__ = ["DISPATCH_HOP_CYCLES", "COMBINE_HOP_CYCLES", "leaf_count", "internal_
 # A flit accepted by a switch at edge e is offered by its child output register from e and,
 # with a ready child, transferred at e + 1.
 DISPATCH_HOP_CYCLES = 1
-# A child's last flit transferred at edge e marks the slot complete; the buffers are read in the
-# next cycle and the first combined flit is offered from edge e + 1: transferred at e + 2.
-COMBINE_HOP_CYCLES = 2
+# A child's last flit transferred at edge e marks the slot complete; it is chosen (a register)
+# at e + 1, the buffers are read in the next cycle and the first combined flit is offered from
+# edge e + 2: transferred at e + 3.
+COMBINE_HOP_CYCLES = 3
 
 
 def leaf_count(fanouts):

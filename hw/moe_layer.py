@@ -35,7 +35,7 @@ from golden import moe_layer as golden
 from golden import router as golden_router
 from hw.params import (ConfiguredComponent, TieredComponent, int_param, like_param,
                        param_error, validate)
-from hw.pipeline import StallPipe, requant, select
+from hw.pipeline import StallPipe, or_tree, requant, select
 from hw.registry import Block, register
 from hw.nop import NopConfig, NopTree, down_layout, up_layout
 from hw.pmu import PMU, PMUConfig, ScratchpadBanks, banks_signature
@@ -383,7 +383,8 @@ class ExpertChipletConfig(PacketShape):
     batch : int
         Tokens collected before the chiplet computes (1..32).
     batch_wait : int
-        Idle cycles after which a partial batch is computed (1..255).
+        Idle cycles after which a partial batch is computed, once the planner is free to take
+        it (1..255).
     queue_tokens : int
         Dispatch packets the input queue holds while a batch is computed (0..32; 0: none).
     token_banks : int
@@ -701,6 +702,11 @@ class ExpertChiplet(TieredComponent):
                                     m.d.sync += x[t][b * L + lane].eq(
                                         down.payload.data[lane][:iw])
         close = Signal()                               # the collecting bank's batch closes
+        # The planner is free to take a bank at this edge (the edge it finishes draining
+        # included), and the next bank it takes is `r_next`.
+        drain_end = Signal()
+        run_free = (~running & ~draining) | drain_end
+        r_next = Mux(drain_end, next_bank(r_bank), r_bank)  # (the one draining is done)
         with m.If(packet_end):
             m.d.sync += [flit.eq(0), in_packet.eq(0)]
             for b in range(NB):
@@ -714,8 +720,13 @@ class ExpertChiplet(TieredComponent):
                                     m.d.sync += members[b][s][p].eq(slot_index)
             m.d.comb += close.eq(count + 1 == T)
         with m.Elif(collecting & (count != 0) & ~in_packet & ~taken):
-            m.d.sync += idle.eq(idle + 1)
-            with m.If(idle == cfg.batch_wait - 1):
+            # A partial batch closes after `batch_wait` idle cycles, but only when the planner
+            # would take it at once: while the tile is busy the batch keeps growing, so its
+            # groups fill up and each expert's weights serve more tokens (work-conserving).
+            waited = idle == cfg.batch_wait - 1
+            with m.If(~waited):
+                m.d.sync += idle.eq(idle + 1)
+            with m.Elif(run_free & (r_next == c_bank)):
                 m.d.comb += close.eq(1)
                 m.d.sync += idle.eq(0)
         with m.If(close):
@@ -723,11 +734,8 @@ class ExpertChiplet(TieredComponent):
             for b in range(NB):
                 with m.If(c_bank == b):
                     m.d.sync += bank_state[b].eq(CLOSED)
-        # The planner takes the next closed bank as soon as it is free (the edge it finishes
-        # draining included): a bank closing at this edge when none waits before it.
-        drain_end = Signal()
-        run_free = (~running & ~draining) | drain_end
-        r_next = Mux(drain_end, next_bank(r_bank), r_bank)  # (the one draining is done)
+        # The planner takes the next closed bank as soon as it is free: a bank closing at this
+        # edge when none waits before it.
         r_closed = select(r_next, [st == CLOSED for st in bank_state]) & \
             ~(drain_end & (r_next == r_bank))
         start_run = run_free & (r_closed | (close & (c_bank == r_next)))
@@ -763,8 +771,14 @@ class ExpertChiplet(TieredComponent):
                      found.base.eq(slot * (shape.expert_beats * V))]
         run_members = select_rows(r_bank, members)      # [slot][position] of the run bank
         for i in range(R):
-            member = select(group + i, [select(slot, [run_members[s][p] for s in range(S)])
-                                        for p in range(T)])
+            # `group` steps by R, so row i only ever reads positions g + i, g a multiple of R:
+            # no select term (dead logic) for the positions it cannot reach.
+            # A signal, not an expression: the gate select below compares it with every token
+            # slot, and an expression would be emitted again for each comparison.
+            member = Signal(range(TT), name=f"plan_member_{i}")
+            m.d.comb += member.eq(or_tree([Mux(group == g, select(slot, [run_members[s][g + i]
+                                                                         for s in range(S)]), 0)
+                                           for g in range(0, T, R) if g + i < T] or [Const(0)]))
             m.d.comb += [found.token[i].eq(member),
                          found.gate[i].eq(select(slot, [select(member, [gates[t][s]
                                                                        for t in range(TT)])
@@ -1221,7 +1235,9 @@ register(Block(
     figures=lambda cfg: {"leaves": cfg.leaves, "pes": cfg.leaves * cfg.rows * cfg.cols *
                          cfg.arrays, "flits_per_token": cfg.header_flits + cfg.x_flits},
     summary="the Mozart MoE layer: gate, NoP dispatch, expert chiplets, in-network combine",
-    demo_configs=({},),
+    # The defaults are dispatch-bound (an expert's work per token is as long as its packet);
+    # the second is compute-bound, as the paper's experts are: the figure against the MAC bound.
+    demo_configs=({}, {"d_model": 32, "d_ff": 32, "batch": 16, "max_inflight": 64}),
     area_unit="chiplet", operation="MAC", area_units=lambda cfg: cfg.leaves,
     legend="tokens per cycle of a batch against the busiest chiplet's MAC bound",
     tiers=lambda cfg: (MoELayer(cfg, tier="top"), LayerScratchpads(cfg)),

@@ -19,7 +19,9 @@ towards the leaves) and ``up`` (combine, towards the root).
   slot is emitted upward as one packet whose lanes are the lane-wise sums (wrapping at
   ``acc_width``; or, with ``combine_dtype`` bf16/fp32, BF16/FP32 codes added in child order and
   rounded at every addition, seed 003 §6.5's BF16 combine), 1 flit per cycle; the slot is then
-  free. Completed slots leave in round-robin order, so returns may come in any order.
+  free. Completed slots leave in round-robin order, so returns may come in any order; the next
+  one is chosen a cycle ahead into a register (the clock rate), so a combined packet leaves
+  3 cycles after its last child's last flit (``golden.nop.COMBINE_HOP_CYCLES``).
 """
 
 import dataclasses
@@ -518,9 +520,17 @@ class NopSwitch(ConfiguredComponent):
         busy = Signal()
         busy_slot = Signal(range(slots))
         busy_index = Signal(range(P))
-        pick, any_complete = _round_robin_pick(m, complete, pointer, "done")
-        issuing = busy | any_complete
-        m.d.comb += [emit_slot.eq(Mux(busy, busy_slot, pick)),
+        # The next slot to leave is chosen a cycle ahead into a register (`chosen`), so the
+        # round-robin pick and the buffer read are in different cycles (the clock rate): the
+        # pick never offers the slot already chosen or the one leaving.
+        chosen = Signal(range(slots))
+        chosen_valid = Signal()
+        candidates = Signal(slots)
+        m.d.comb += candidates.eq(complete & ~Mux(chosen_valid, 1 << chosen, 0)
+                                  & ~Mux(busy, 1 << busy_slot, 0))
+        pick, any_complete = _round_robin_pick(m, candidates, pointer, "done")
+        issuing = busy | chosen_valid
+        m.d.comb += [emit_slot.eq(Mux(busy, busy_slot, chosen)),
                      emit_index.eq(Mux(busy, busy_index, 0))]
         slot_flits, slot_owed = Array(flits)[emit_slot], Array(owed)[emit_slot]
         # The children whose return has the dispatched length; the others are dropped.
@@ -546,9 +556,7 @@ class NopSwitch(ConfiguredComponent):
                 # and end the slot it came from if that flit was not the slot's last.
                 m.d.sync += [out_full.eq(1), out_last.eq(1), out_abort.eq(1)]
                 with m.If(~out_last):
-                    m.d.sync += [busy.eq(0), pointer.eq(Mux(busy_slot + 1 == slots, 0,
-                                                            busy_slot + 1)),
-                                 Array(valid)[busy_slot].eq(0)]
+                    m.d.sync += [busy.eq(0), Array(valid)[busy_slot].eq(0)]
             emitting = m.Elif(advance)
         else:
             emitting = m.If(advance)
@@ -563,12 +571,19 @@ class NopSwitch(ConfiguredComponent):
                 m.d.sync += error.eq(1)
             with m.If(issuing):
                 with m.If(final):
-                    m.d.sync += [busy.eq(0), pointer.eq(Mux(emit_slot + 1 == slots, 0,
-                                                            emit_slot + 1))]
-                    m.d.sync += Array(valid)[emit_slot].eq(0)
+                    m.d.sync += [busy.eq(0), Array(valid)[emit_slot].eq(0)]
                 with m.Else():
                     m.d.sync += [busy.eq(1), busy_slot.eq(emit_slot),
                                  busy_index.eq(emit_index + 1)]
+        # Choose when nothing is chosen or the chosen slot starts leaving at this edge (it
+        # enters up_out), round-robin from the slot after the last one chosen.
+        starts = advance & ~busy
+        if self.parent_link:
+            starts = starts & ~self.up_out_nack       # (an abort flit goes first)
+        with m.If(~chosen_valid | starts):
+            m.d.sync += [chosen.eq(pick), chosen_valid.eq(any_complete)]
+            with m.If(any_complete):
+                m.d.sync += pointer.eq(Mux(pick + 1 == slots, 0, pick + 1))
         # The read data holds while the output waits (read enable = advance).
         up_flit = Signal(up_layout(cfg)) if self.parent_link else self.up_out.payload
         for lane in range(cfg.lanes):

@@ -15,8 +15,8 @@ from golden import moe_layer as golden
 from golden import ndp as golden_ndp
 from golden.fixed import signed_limits
 from tb.harness import start_bench, write_throughput
-from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, pause_fraction,
-                        reset_dut, wait_for)
+from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, edge_now,
+                        pause_fraction, reset_dut, wait_for)
 
 
 class ChipletBench(StreamBench):
@@ -172,33 +172,54 @@ def _budget(bench, tokens, gap=0.0, stall=0.0):
 @cocotb.test()
 async def test_batch_cycles_no_stalls(dut):
     """Every port ready: two full batches and a partial one, random routing; exact returns,
-    each batch's first return at the edge of ``golden.moe_layer.chiplet_stream_returns``
+    each batch's first return at the edge of ``golden.moe_layer.chiplet_stream_edges``
     (``chiplet_batch_edges`` after the planner takes it; with one token bank the second batch
     is collected after the first one's returns, with more while the first one computes), and
-    its returns back to back."""
+    its returns back to back. A last token comes ``batch_wait`` + 2 idle cycles after the
+    partial batch's: it joins that batch if the planner was still busy (the batch had not
+    closed), else it makes a fourth."""
     bench = await _setup(dut, "values")
     cfg = bench.cfg
-    tokens = 2 * cfg.batch + 1
-    for _ in range(tokens):
-        bench.send_token(bench.random_x(), bench.random_choices())
-    await bench.finish(_budget(bench, tokens))
-    assert not dut.error.value
     flits = cfg.header_flits + cfg.x_flits
+    queue = 1 if cfg.queue_tokens else 0         # the queue adds an edge before the collector
+    held = min(cfg.k, cfg.slots)                 # the late tokens have work
     sent = bench.sources["down"].sent_edges
+    tokens = 2 * cfg.batch + 1
+
+    def stream(members):
+        batches = [([sum(slot in bench.token_slots[t] for t in batch)
+                     for slot in range(cfg.slots)], len(batch)) for batch in members]
+        arrivals = [sent[batch[-1] * flits + flits - 1] + queue for batch in members]
+        return batches, golden.chiplet_stream_edges(batches, bench.shape, cfg.token_banks,
+                                                    flits, arrivals, batch=cfg.batch,
+                                                    batch_wait=cfg.batch_wait)
+
+    for token in range(tokens):
+        bench.send_token(bench.random_x(),
+                         bench.random_choices(held=held if token == tokens - 1 else None))
+    await wait_for(dut, lambda: len(sent) == tokens * flits, _budget(bench, tokens), "batches")
+    members = [list(range(b * cfg.batch, min(tokens, (b + 1) * cfg.batch))) for b in range(3)]
+    _, before = stream(members)
+    # idle from the edge the collector takes the partial batch's final flit
+    await ClockCycles(dut.clk, max(1, before["lasts"][2] + cfg.batch_wait + 2 - edge_now()))
+    bench.send_token(bench.random_x(), bench.random_choices(held=held))
+    await bench.finish(_budget(bench, tokens + 1))
+    assert not dut.error.value
     returned = [edge for edge, _ in bench.up.received]
-    batches, arrivals = [], []
-    for b in range(2):
-        batch = range(b * cfg.batch, (b + 1) * cfg.batch)
-        batches.append(([sum(slot in bench.token_slots[t] for t in batch)
-                          for slot in range(cfg.slots)], cfg.batch))
-        # the final flit reaches the collector through the queue (1 edge)
-        arrivals.append(sent[(b + 1) * cfg.batch * flits - 1] + (1 if cfg.queue_tokens else 0))
-    expected = golden.chiplet_stream_returns(batches, bench.shape, cfg.token_banks, flits,
-                                             arrivals)
-    for b in range(2):
-        out = returned[b * cfg.batch * flits:(b + 1) * cfg.batch * flits]
-        assert out[0] == expected[b], f"batch {b}: slots {batches[b][0]}: first return at " \
-            f"{out[0]}, expected {expected[b]} ({cfg.token_banks} token banks)"
+
+    # The last token's first flit is taken by the collector at or before the partial batch's
+    # closing edge: it joins (with batch 1 the batch is full and closed, so it never does).
+    if len(members[2]) < cfg.batch and sent[tokens * flits] + queue <= before["closes"][2]:
+        members[2].append(tokens)
+    else:
+        members.append([tokens])
+    batches, edges = stream(members)
+    first = 0
+    for b, batch in enumerate(members):
+        out = returned[first:first + len(batch) * flits]
+        first += len(batch) * flits
+        assert out[0] == edges["firsts"][b], f"batch {b}: slots {batches[b][0]}: first " \
+            f"return at {out[0]}, expected {edges['firsts'][b]} ({cfg.token_banks} token banks)"
         assert out == list(range(out[0], out[0] + len(out))), "a bubble between returns"
 
 
@@ -215,10 +236,26 @@ async def test_random_stalls(dut, gap, stall):
 
 
 @cocotb.test()
+async def test_full_batches_fill_every_position_with_many_tokens(dut):
+    """Every port ready: six full batches of tokens that each choose 1..k held experts at
+    random, so each bank's member positions are filled, batch after batch, by tokens of
+    different indices (a position that always held one index would hide a wrong bit)."""
+    bench = await _setup(dut, "positions")
+    cfg = bench.cfg
+    tokens = 6 * cfg.batch
+    for _ in range(tokens):
+        held = bench.rng.randint(1, max(1, min(cfg.k, cfg.slots)))
+        bench.send_token(bench.random_x(), bench.random_choices(held=held))
+    await bench.finish(_budget(bench, tokens))
+    assert not dut.error.value
+
+
+@cocotb.test()
 async def test_hot_expert_and_every_slot(dut):
-    """One expert takes every token, then every token uses every held expert, but a batch's
-    token j < S skips slot j: slots fill to their last positions, and a slot's position p
-    does not hold the batch's token p."""
+    """One expert takes every token, then (once those are back, so a new batch starts in the
+    next bank) every token uses every held expert, but a batch's token j < S skips slot j:
+    slots fill to their last positions, and a slot's position p does not hold the batch's
+    token p, in the second bank as in the first."""
     bench = await _setup(dut, "hot", 0.2, 0.2)
     cfg = bench.cfg
     hot = bench.slot_expert[0][0]
@@ -226,15 +263,16 @@ async def test_hot_expert_and_every_slot(dut):
         choices = [(e, g) for e, g in bench.random_choices(held=0) if e != hot]
         choices = [(hot, bench.rng.randint(0, (1 << cfg.gate_width) - 1))] + choices[:cfg.k - 1]
         bench.send_token(bench.random_x(), choices)
+    await bench.finish(_budget(bench, cfg.batch + 1, 0.2, 0.2))
     hosted = {bench.slot_expert[s][0] for s in range(cfg.slots)}
     others = [e for e in range(cfg.experts) if e not in hosted]
-    for _ in range(cfg.batch + 1):
+    for position in range(2 * cfg.batch):
         choices = bench.random_choices(held=cfg.k)
-        if bench.tokens % cfg.batch < cfg.slots < cfg.batch and others:
-            skipped = bench.slot_expert[bench.tokens % cfg.batch][0]
+        if position % cfg.batch < cfg.slots < cfg.batch and others:
+            skipped = bench.slot_expert[position % cfg.batch][0]
             choices = [(others[0], g) if e == skipped else (e, g) for e, g in choices]
         bench.send_token(bench.random_x(), choices)
-    await bench.finish(_budget(bench, 2 * cfg.batch + 2, 0.2, 0.2))
+    await bench.finish(_budget(bench, 2 * cfg.batch, 0.2, 0.2))
 
 
 @cocotb.test()

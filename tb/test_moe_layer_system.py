@@ -368,6 +368,8 @@ async def test_throughput(dut):
                "r": main["replication"], "weight_load_cycles": main["weight_load_cycles"]}
     if "clustered" in runs:
         metrics["r_clustered"] = runs["clustered"]["replication"]
+        metrics["cycles_clustered"] = runs["clustered"]["cycles"]
+        metrics["of_bound_clustered"] = runs["clustered"]["of_bound"]
     # The cost of streaming the weights in first: the same batch with every expert's weights
     # read from one DDR4-3200 channel just before it (round-robin placement).
     bench.sources["weights"].sent_edges.clear()

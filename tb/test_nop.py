@@ -359,18 +359,24 @@ async def test_table_full_backpressure(dut):
 
 @cocotb.test()
 async def test_repeated_token_waits(dut):
-    """A token id still in flight is not dispatched again until its first instance combined."""
+    """A token id still in flight is not dispatched again until its first instance combined,
+    whichever slot holds it: slots 0..s filled (lowest free first), then slot s's token again."""
     bench = _setup(dut, "repeat")
     start_clock(dut)
     await reset_dut(dut)
-    bench.hold_returns = True
     bench.start()
-    bench.send(bench.random_packet(7, flits=1))
-    bench.send(bench.random_packet(7, flits=1))
-    await ClockCycles(dut.clk, 30)
-    assert len(bench.root.sent_edges) == 1
-    bench.hold_returns = False
-    await bench.drain()
+    cfg = bench.cfg
+    for held in range(min(cfg.max_inflight, 1 << cfg.token_width)):   # distinct ids
+        bench.hold_returns = True
+        before = len(bench.root.sent_edges)
+        tokens = [(7 + 10 * held + j) % (1 << cfg.token_width) for j in range(held + 1)]
+        for token in tokens:
+            bench.send(bench.random_packet(token, flits=1))
+        bench.send(bench.random_packet(tokens[-1], flits=1))
+        await ClockCycles(dut.clk, 30 + 2 * held)
+        assert len(bench.root.sent_edges) - before == held + 1, f"slot {held}'s token again"
+        bench.hold_returns = False
+        await bench.drain()
     bench.check()
 
 
@@ -699,9 +705,15 @@ if dut_manifest()["params"].get("fault_inject"):
         await start_after_reset(dut, bench)
         injector = FaultInjector(bench, probability=0.08)
         injector.start()
-        for token in range(80):
-            bench.send(bench.random_packet(token))
-        await bench.drain(max_cycles=60000)
+        sent, ids = 0, min(200, 1 << bench.cfg.token_width)    # one id per token of the run
+        # 80 tokens, then 40 more at a time until at least 10 flips met a transfer (how many
+        # do depends on the traffic's timing, a small tree with one slot per switch idles most)
+        while sent < 80 or (sum(injector.faults["down"]) + sum(injector.faults["up"]) < 10
+                            and sent + 40 <= ids):
+            for token in range(sent, sent + (80 if sent == 0 else 40)):
+                bench.send(bench.random_packet(token))
+            sent += 80 if sent == 0 else 40
+            await bench.drain(max_cycles=60000)
         await injector.stop()
         await ClockCycles(dut.clk, 5)
         faults = sum(injector.faults["down"]) + sum(injector.faults["up"])
@@ -710,8 +722,8 @@ if dut_manifest()["params"].get("fault_inject"):
         assert faults >= 10, f"only {faults} flips met a transfer: the test is too weak"
         assert 1 <= aborted <= faults, (aborted, faults)
         assert dut.link_error.value == 1
-        dut._log.info("faults %s, bursts up to %d bits, %d of 80 tokens aborted", injector.faults,
-                      max(length for *_, length in injector.bursts), aborted)
+        dut._log.info("faults %s, bursts up to %d bits, %d of %d tokens aborted", injector.faults,
+                      max(length for *_, length in injector.bursts), aborted, sent)
         # Traffic after the faults: exact, with every slot of every switch released.
         bench.stop()
         after = _setup(dut, f"after-faults:{gap}:{stall}", gap=gap, stall=stall)

@@ -198,15 +198,30 @@ def test_token_banks_overlap_collecting_computing_and_returning():
     done = golden.chiplet_batch_edges([4, 4], shape, 8)["done"]
     flits = 3
     arrivals = [24, 48, 72]                      # packets back to back, one flit per edge
-    one = golden.chiplet_stream_returns(batches, shape, 1, flits, arrivals)
+    full = {"batch": 8, "batch_wait": 16}
+    one = golden.chiplet_stream_returns(batches, shape, 1, flits, arrivals, **full)
     # One bank: a batch is collected after the previous one's returns.
     assert one[0] == 24 + done + 1
     assert one[1] == one[0] - 1 + 8 * flits + 8 * flits + done + 1
-    two = golden.chiplet_stream_returns(batches, shape, 2, flits, arrivals)
+    two = golden.chiplet_stream_returns(batches, shape, 2, flits, arrivals, **full)
     # Two banks: the second batch is in before the first is computed; it starts when the
     # planner is free and returns right after it (compute-bound).
     assert two[0] == one[0] and two[1] == two[0] + done
-    assert golden.chiplet_stream_returns(batches, shape, 3, flits, arrivals) == two
+    assert golden.chiplet_stream_returns(batches, shape, 3, flits, arrivals, **full) == two
+
+
+def test_a_partial_batch_closes_when_the_planner_is_free():
+    shape = golden.ChipletShape(d_model=8, d_ff=8, rows=4, cols=4, arrays=2)
+    flits, done = 3, golden.chiplet_batch_edges([4, 4], shape, 8)["done"]
+    wait = {"batch": 8, "batch_wait": 16}
+    # Alone, a partial batch closes batch_wait cycles after its last flit.
+    alone = golden.chiplet_stream_returns([([2, 1], 3)], shape, 2, flits, [9], **wait)
+    assert alone[0] == 9 + 16 + golden.chiplet_batch_edges([2, 1], shape, 3)["done"] + 1
+    # Behind a full batch still computing, it waits for the planner (and is taken at once).
+    firsts = golden.chiplet_stream_returns([([4, 4], 8), ([2, 1], 3)], shape, 2, flits,
+                                           [24, 33], **wait)
+    assert 33 + 16 < 24 + done
+    assert firsts[1] == 24 + done + golden.chiplet_batch_edges([2, 1], shape, 3)["done"] + 1
 
 
 def test_chiplet_schedule_counts_one_visit_per_slot_and_grows_with_groups():
@@ -236,7 +251,7 @@ CHIPLET_CONFIGS = [
     {"experts": 4, "k": 2, "slots": 4, "d_model": 4, "d_ff": 6, "lanes": 4, "rows": 6,
      "cols": 3, "arrays": 1, "batch": 7, "shift_g": 3, "gate_shift": 5},
 ]
-CHIPLET_COCOTB_TESTS = 10
+CHIPLET_COCOTB_TESTS = 11
 
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
