@@ -21,10 +21,10 @@ __all__ = ["DISPATCH_HOP_CYCLES", "COMBINE_HOP_CYCLES", "leaf_count", "internal_
 # A flit accepted by a switch at edge e is offered by its child output register from e and,
 # with a ready child, transferred at e + 1.
 DISPATCH_HOP_CYCLES = 1
-# A child's last flit transferred at edge e marks the slot complete; it is chosen (a register)
-# at e + 1, the buffers are read in the next cycle and the first combined flit is offered from
-# edge e + 2: transferred at e + 3.
-COMBINE_HOP_CYCLES = 3
+# A child's last flit transferred at edge e is written into its buffer at e + 1, which marks
+# the slot complete; it is chosen (a register) at e + 2, the buffers are read in the next cycle
+# and the first combined flit is offered from edge e + 3: transferred at e + 4.
+COMBINE_HOP_CYCLES = 4
 
 
 def leaf_count(fanouts):

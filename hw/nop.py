@@ -20,8 +20,9 @@ towards the leaves) and ``up`` (combine, towards the root).
   ``acc_width``; or, with ``combine_dtype`` bf16/fp32, BF16/FP32 codes added in child order and
   rounded at every addition, seed 003 §6.5's BF16 combine), 1 flit per cycle; the slot is then
   free. Completed slots leave in round-robin order, so returns may come in any order; the next
-  one is chosen a cycle ahead into a register (the clock rate), so a combined packet leaves
-  3 cycles after its last child's last flit (``golden.nop.COMBINE_HOP_CYCLES``).
+  one is chosen a cycle ahead into a register and each return flit is written a cycle after it
+  is taken (the clock rate), so a combined packet leaves 4 cycles after its last child's last
+  flit (``golden.nop.COMBINE_HOP_CYCLES``).
 """
 
 import dataclasses
@@ -38,6 +39,7 @@ from hw.fparith import fp_add
 from hw.params import (ConfiguredComponent, choice_param, int_list_param, int_param, param_error,
                        validate)
 from hw.registry import Block, register
+from hw.pipeline import or_tree
 
 __all__ = ["FlitParams", "NopConfig", "NopSwitchConfig", "NopSwitch", "NopTree", "down_layout",
            "up_layout"]
@@ -403,6 +405,12 @@ class NopSwitch(ConfiguredComponent):
         # A void first flit is consumed at once (nothing forwarded); a void flit inside a packet
         # waits for the packet's outputs, where its abort goes.
         take = self.down_in.valid & self.down_in.ready
+        # A free output register loads an input flit bound for it, forwarded or not (its valid
+        # says which): the payload's load enable waits only for its own child's ready, not for
+        # the whole fork's or the slot check (the clock rate of a tree: ready crosses levels).
+        for child in range(F):
+            with m.If(self.down_in.valid & dests[child] & outputs_free[child]):
+                m.d.sync += out_payload[child].eq(flit)
         if not checking:
             m.d.comb += self.down_in.ready.eq(fork_ready & (in_packet | first_ok))
             forward = m.If(take)
@@ -428,7 +436,7 @@ class NopSwitch(ConfiguredComponent):
         with forward:
             for child in range(F):
                 with m.If(dests[child]):
-                    m.d.sync += [out_valid[child].eq(1), out_payload[child].eq(flit)]
+                    m.d.sync += out_valid[child].eq(1)
                     if self.child_links:
                         m.d.sync += out_slot[child].eq(Mux(in_packet, cur_slot, free_slot))
             count = Mux(in_packet, cur_count, 0) + 1
@@ -470,6 +478,10 @@ class NopSwitch(ConfiguredComponent):
         # --- combine: per-child buffers written at (slot, flit index) ---
         acc_layout = up_layout(cfg).members["data"]
         read_ports = []
+        # A return flit is matched to its slot at the edge it is taken and written into the
+        # buffer at the next (the clock rate: the token lookup and the write are different
+        # cycles).
+        closing = [Signal(slots, name=f"up{child}_closing") for child in range(F)]
         emit_slot = Signal(range(slots))
         emit_index = Signal(range(P))
         advance = Signal()
@@ -492,25 +504,44 @@ class NopSwitch(ConfiguredComponent):
             # expression would be emitted again for each read (slots^2 terms per child).
             hits = Signal(slots, name=f"up{child}_hits")
             m.d.comb += hits.eq(Cat(valid[s] & owed[s][child] & ~arrived[s][child] &
-                                    (token[s] == ret.token) for s in range(slots)))
-            hit_slot = _lowest_set(m, hits, f"up{child}_slot")
-            # A bad flit is not written and changes nothing: the child answers the nack by
+                                    ~closing[child][s] & (token[s] == ret.token)
+                                    for s in range(slots)))
+            # The write stage, loaded at every edge (no enable on the lookup's path): the slot
+            # the taken flit hit (at most one bit: the valid slots hold distinct tokens, as a
+            # packet whose token is in flight waits at down_in), its index, data and length.
+            taken = port.valid & ~bad if self.child_links else port.valid
+            st_hits = Signal(slots, name=f"up{child}_st_hits")
+            st_taken, st_room, st_last, st_abort = (
+                Signal(name=f"up{child}_st_{n}") for n in ("taken", "room", "last", "abort"))
+            st_index = Signal(range(P), name=f"up{child}_st_index")
+            st_data = Signal(acc_layout, name=f"up{child}_st_data")
+            st_length = Signal(range(P + 2), name=f"up{child}_st_length")
+            m.d.sync += [st_hits.eq(Mux(taken, hits, 0)), st_taken.eq(taken),
+                         st_room.eq(count < P), st_last.eq(ret.last),
+                         st_index.eq(count[:len(st_index)]), st_data.eq(ret.data),
+                         st_length.eq(Mux(count > P, count, count + 1))]
+            if checking:
+                m.d.sync += st_abort.eq(ret.abort)
+            # A return's end closes its slot to further returns from the edge it is taken.
+            m.d.comb += closing[child].eq(Mux(st_last, st_hits, 0))
+            st_hit = st_hits.any()
+            st_slot = or_tree([Mux(st_hits[s], s * P, 0) for s in range(slots)])
+            m.d.comb += [write.addr.eq(st_slot + st_index), write.en.eq(st_hit & st_room),
+                         write.data.eq(st_data)]
+            # A flit that no slot owes, or beyond P, is not written: error.
+            with m.If(st_taken & ~(st_hit & st_room)):
+                m.d.sync += error.eq(1)
+            # A bad flit is not taken and changes nothing: the child answers the nack by
             # ending its return with an abort flit.
-            with m.If(port.valid & ~bad if self.child_links else port.valid):
-                with m.If(hits.any() & (count < P)):
-                    m.d.comb += [write.addr.eq(hit_slot * P + count), write.en.eq(1),
-                                 write.data.eq(ret.data)]
-                with m.Else():
-                    m.d.sync += error.eq(1)
+            with m.If(taken):
                 m.d.sync += count.eq(Mux(ret.last, 0, Mux(count > P, count, count + 1)))
-                with m.If(ret.last & hits.any()):
-                    for s in range(slots):
-                        with m.If(hit_slot == s):
-                            m.d.sync += [arrived[s][child].eq(1),
-                                         returned[s][child].eq(Mux(count > P, count, count + 1))]
-                            if checking:
-                                with m.If(ret.abort):
-                                    m.d.sync += poisoned[s].eq(1)
+            with m.If(st_last):
+                for s in range(slots):
+                    with m.If(st_hits[s]):
+                        m.d.sync += [arrived[s][child].eq(1), returned[s][child].eq(st_length)]
+                        if checking:
+                            with m.If(st_abort):
+                                m.d.sync += poisoned[s].eq(1)
 
         # --- emit completed slots upward, one flit per cycle ---
         complete = Signal(slots)

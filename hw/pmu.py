@@ -130,10 +130,13 @@ def read_layout(config):
 
 
 def _remove_bit(value, position):
-    """``value`` with the bit at the run-time ``position`` removed (higher bits move down)."""
-    width = len(value)
-    low_mask = ((Const(1, width + 1) << position) - 1)[:width]
-    return (value & low_mask) | ((value >> 1) & ~low_mask)
+    """``value`` with the bit at the run-time ``position`` (below its width) removed: one bit
+    narrower, the higher bits moved down."""
+    width = len(value) - 1
+    # A thermometer of the bits below ``position``: ``(1 << position) - 1`` would compute
+    # bits above ``width`` that are cut off again (dead logic a mutation cannot reach).
+    low_mask = Cat(*[position > i for i in range(width)])
+    return (value[:width] & low_mask) | (value[1:] & ~low_mask)
 
 
 class AddressGenerator(ConfiguredComponent):
@@ -254,17 +257,18 @@ class AddressGenerator(ConfiguredComponent):
             if b == 0:
                 bank, offset = Const(0, 1), word
             else:
-                diagonal_bank = ((word >> job.row_shift) + word)[:b]
+                diagonal_bank = ((word >> job.row_shift)[:b] + word[:b])[:b]   # mod B
                 select_bank = Cat(*[word.bit_select(job.bank_pos[i], 1) for i in range(b)])
                 compacted = word
                 for i in reversed(range(b)):  # highest first: lower positions stay put
-                    # A named stage per bit: _remove_bit uses its input twice, and a nested
-                    # expression would double at every step.
-                    stage = Signal(CB, name=f"lane{v}_compact{i}")
+                    # A named stage per bit (one bit narrower each): _remove_bit uses its input
+                    # twice, and a nested expression would double at every step. A valid job's
+                    # bank bit i lies below CB - (b - 1 - i), the width left at its stage.
+                    stage = Signal(len(compacted) - 1, name=f"lane{v}_compact{i}")
                     m.d.comb += stage.eq(_remove_bit(compacted, job.bank_pos[i]))
                     compacted = stage
                 bank = Mux(job.diagonal, diagonal_bank, select_bank)
-                offset = Mux(job.diagonal, word[b:], compacted[:CB - b])
+                offset = Mux(job.diagonal, word[b:], compacted)
             m.d.comb += [self.lane_bank[v].eq(bank), self.lane_offset[v].eq(offset)]
 
         # Rank of each lane among the valid lanes of its bank that come before it.
@@ -272,7 +276,11 @@ class AddressGenerator(ConfiguredComponent):
         for v in range(V):
             same = [self.lane_valid[u] & (self.lane_bank[u] == self.lane_bank[v])
                     for u in range(v)]
-            rank = sum(same, Const(0, self._rank_bits)) if same else Const(0, self._rank_bits)
+            # Every partial count cut to the rank's width (a rank is below V): Python's sum
+            # would widen each adder by a bit whose value is always 0.
+            rank = Const(0, self._rank_bits)
+            for term in same:
+                rank = (rank + term)[:self._rank_bits]
             m.d.comb += self.lane_rank[v].eq(rank)
             ranks.append(Mux(self.lane_valid[v], self.lane_rank[v], 0))
         # Lane 0's rank is always 0, the floor of the maximum anyway: left out of the tree.

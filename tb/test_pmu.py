@@ -129,8 +129,10 @@ def _random_job(bench, wait_other=0):
     hi = rng.choice([limit, limit, rng.randrange(lo, limit + 1)])
     diagonal = rng.randint(0, 1)
     bank_pos = sorted(rng.sample(range(cb), b)) if b else []
+    # Half the bases inside the scratchpad, so most random jobs touch real words.
+    base = rng.choice([rng.randrange(0, cfg.banks * cfg.bank_depth), rng.randrange(0, limit)])
     return golden.make_job(
-        params, base=rng.randrange(0, limit), bounds=bounds, strides=strides,
+        params, base=base, bounds=bounds, strides=strides,
         lane_stride=rng.choice([1, 1, -1, 0, rng.randint(-3, 5)]), pred_lo=lo, pred_hi=hi,
         diagonal=diagonal, bank_pos=bank_pos, row_shift=rng.randint(b, cb),
         wait_other=wait_other)
@@ -254,7 +256,8 @@ async def test_read_during_write_gets_the_old_word(dut):
 @cocotb.test()
 async def test_read_waits_for_write(dut):
     """wait_other: a read queued behind a write that starves for data stays idle until the
-    write's last access, then reads the new words (read-after-write between jobs)."""
+    write's last access, then reads the new words (read-after-write between jobs), even while
+    a write chained behind that one keeps the write port busy."""
     bench = await _setup(dut, "raw")
     cfg = bench.cfg
     region = {"bounds": [2], "strides": [cfg.lanes]}
@@ -264,11 +267,18 @@ async def test_read_waits_for_write(dut):
     bench.queue_write(write, vectors, hold_data=True)
     await bench.until_latched("w")
     bench.queue_read(golden.make_job(bench.params, **region, wait_other=1))
+    # A second write chained right behind the first (elsewhere, its data held back): the write
+    # port stays busy, but the read waited for the job that was current, not for this one.
+    later = golden.make_job(bench.params, base=2 * cfg.lanes, bounds=[1])
+    later_vectors = bench.queue_write(later, hold_data=True)
     await ClockCycles(dut.clk, 20)
     assert not dut.r_busy.value and not bench.r.received, "read started before the write ended"
     bench.send_write_data(vectors)
     await wait_for(dut, lambda: len(bench.r.received) == 2, 100, "reads")
     assert bench.r.received[0][0] > bench.w.sent_edges[-1], "read issued before the last write"
+    assert dut.w_busy.value, "the chained write should still wait for its data"
+    bench.send_write_data(later_vectors)
+    await bench.writes_done(100, "chained write done")
     bench.check_reads()
 
 
@@ -297,6 +307,48 @@ async def test_predication_and_wrap(dut):
                    20000 + 3 * cfg.bank_depth, "reads")
     bench.check_reads()
     assert any(not all(valid) for _, valid, _ in bench.expected), "no lane was predicated off"
+
+
+@cocotb.test()
+async def test_bank_bit_positions_and_a_wrapping_base(dut):
+    """Bit-select mappings with the bank bits at the top, at random positions and at the
+    bottom: the whole scratchpad is written with each and read back with another, so every
+    word's bank and offset (the address with its bank bits removed) is checked. Then a write
+    and a read whose base has every high address bit set wrap past 2^A back onto word 0, and a
+    write predicated to a window inside the scratchpad leaves the words outside it."""
+    bench = await _setup(dut, "bank-bits", 0.2, 0.2)
+    cfg, params, rng = bench.cfg, bench.params, bench.rng
+    b, cb = cfg.bank_bits, cfg.capacity_bits
+    capacity, lanes, limit = cfg.banks * cfg.bank_depth, cfg.lanes, 1 << cfg.addr_width
+    whole = {"bounds": [-(-capacity // lanes)], "strides": [lanes], "pred_hi": capacity}
+    mappings = [list(range(cb - b, cb)), sorted(rng.sample(range(cb), b)), list(range(b))]
+    for written, read in zip(mappings, mappings[1:] + mappings[:1]):
+        bench.queue_write(golden.make_job(params, **whole, bank_pos=written, wait_other=1))
+        await bench.until_latched("w")
+        bench.queue_read(golden.make_job(params, **whole, bank_pos=read, wait_other=1))
+        await bench.until_latched("r")
+    wrap = {"base": limit - 2 * lanes, "bounds": [min(4, limit)], "strides": [lanes],
+            "bank_pos": mappings[1]}
+    vectors = [[rng.randrange(1, 1 << cfg.elem_width) for _ in range(lanes)]
+               for _ in range(len(golden.access_addresses(golden.make_job(params, **wrap),
+                                                          params)))]
+    bench.queue_write(golden.make_job(params, **wrap, wait_other=1), vectors)
+    await bench.until_latched("w")
+    bench.queue_read(golden.make_job(params, **wrap, wait_other=1))
+    await bench.until_latched("r")
+    # Writes predicated to windows inside the scratchpad: the words outside them keep their
+    # values. pred_lo has every bit but bit 0 set, pred_hi only its top bit and bit 0, so a
+    # flipped bit of either moves the window's edge.
+    for lo, hi in ((capacity - 2, capacity), (0, capacity // 2 + 1)):
+        window = {**whole, "pred_lo": lo, "pred_hi": hi}
+        bench.queue_write(golden.make_job(params, **window, bank_pos=mappings[1], wait_other=1))
+        await bench.writes_done(40 * capacity + 2000, "window written")
+    bench.queue_read(golden.make_job(params, **whole, wait_other=1))
+    await wait_for(dut, lambda: len(bench.r.received) >= len(bench.expected),
+                   40 * capacity + 2000, "reads")
+    await ClockCycles(dut.clk, 10)
+    bench.check_reads()
+    assert dut.error.value == 0
 
 
 @cocotb.test()
