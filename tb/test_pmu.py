@@ -315,7 +315,8 @@ async def test_bank_bit_positions_and_a_wrapping_base(dut):
     bottom: the whole scratchpad is written with each and read back with another, so every
     word's bank and offset (the address with its bank bits removed) is checked. Then a write
     and a read whose base has every high address bit set wrap past 2^A back onto word 0, and a
-    write predicated to a window inside the scratchpad leaves the words outside it."""
+    write predicated to a window inside the scratchpad leaves the words outside it; a long
+    write and read whose bound has its top bit set."""
     bench = await _setup(dut, "bank-bits", 0.2, 0.2)
     cfg, params, rng = bench.cfg, bench.params, bench.rng
     b, cb = cfg.bank_bits, cfg.capacity_bits
@@ -343,9 +344,18 @@ async def test_bank_bit_positions_and_a_wrapping_base(dut):
         window = {**whole, "pred_lo": lo, "pred_hi": hi}
         bench.queue_write(golden.make_job(params, **window, bank_pos=mappings[1], wait_other=1))
         await bench.writes_done(40 * capacity + 2000, "window written")
+    # A long job: a bound with its top bit set (2^(CB-1) + 1 accesses, over the scratchpad
+    # more than once), so every bit of a bound counts.
+    long_bound = min((1 << max(0, cb - 1)) + 1, limit)
+    long_job = {"bounds": [long_bound], "strides": [lanes + 1], "pred_hi": capacity,
+                "bank_pos": mappings[1]}
+    bench.queue_write(golden.make_job(params, **long_job, wait_other=1))
+    await bench.writes_done(40 * (capacity + long_bound) + 2000, "long job written")
+    bench.queue_read(golden.make_job(params, **long_job, wait_other=1))
+    await bench.until_latched("r")
     bench.queue_read(golden.make_job(params, **whole, wait_other=1))
     await wait_for(dut, lambda: len(bench.r.received) >= len(bench.expected),
-                   40 * capacity + 2000, "reads")
+                   40 * (capacity + long_bound) + 2000, "reads")
     await ClockCycles(dut.clk, 10)
     bench.check_reads()
     assert dut.error.value == 0
