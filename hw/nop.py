@@ -38,8 +38,8 @@ from golden import nop as golden
 from hw.fparith import fp_add
 from hw.params import (ConfiguredComponent, choice_param, int_list_param, int_param, param_error,
                        validate)
-from hw.registry import Block, register
 from hw.pipeline import or_tree
+from hw.registry import Block, register
 
 __all__ = ["FlitParams", "NopConfig", "NopSwitchConfig", "NopSwitch", "NopTree", "down_layout",
            "up_layout"]
@@ -480,7 +480,7 @@ class NopSwitch(ConfiguredComponent):
         read_ports = []
         # A return flit is matched to its slot at the edge it is taken and written into the
         # buffer at the next (the clock rate: the token lookup and the write are different
-        # cycles).
+        # cycles); `closing` is the slot whose return ends in that write stage.
         closing = [Signal(slots, name=f"up{child}_closing") for child in range(F)]
         emit_slot = Signal(range(slots))
         emit_index = Signal(range(P))
@@ -500,8 +500,7 @@ class NopSwitch(ConfiguredComponent):
             m.d.comb += [read.addr.eq(emit_slot * P + emit_index), read.en.eq(advance)]
 
             count = Signal(range(P + 2), name=f"up{child}_count")     # saturates at P + 1
-            # A signal, not an expression: every bit is read by the priority pick, and an
-            # expression would be emitted again for each read (slots^2 terms per child).
+            # The slots this flit's token matches (a named net: waveforms show the lookup).
             hits = Signal(slots, name=f"up{child}_hits")
             m.d.comb += hits.eq(Cat(valid[s] & owed[s][child] & ~arrived[s][child] &
                                     ~closing[child][s] & (token[s] == ret.token)
