@@ -1,7 +1,7 @@
 """`moegen mutate BLOCK`: how much of the RTL the block's cocotb suite checks (a mutation score).
 
-1. Sample. Yosys reads the block's Verilog (``prep``, ``flatten``) and its ``mutate -list N``
-   pass (the engine behind YosysHQ's MCY) samples N mutations evenly over the netlist: a cell
+1. Sample. Yosys reads the block's Verilog (``prep -flatten``, as MCY does) and its
+   ``mutate -list N`` pass (the engine behind YosysHQ's MCY) samples N mutations evenly over the netlist: a cell
    port bit inverted or tied to 0/1, or two bits swapped.
 2. One netlist. Every mutation is applied behind a selector (``mutate -ctrl mutsel W i``:
    mutant i acts only while the added input ``mutsel`` equals i; 0 is the original design) and
@@ -43,7 +43,11 @@ from flows.verilog import config_key, generate, write_if_changed
 
 __all__ = ["sample", "build_mutants", "run_mutation", "MutationError"]
 
-PREP = "hierarchy -top {top}; proc; flatten; memory_collect; opt_clean"
+# MCY's own preparation: Yosys's `prep` (proc, flatten, opt -keepdc, wreduce -keepdc,
+# memory_collect). Mutants are sampled from the netlist synthesis would start from: a sum's
+# carry bit nothing reads, or the second copy of an expression Amaranth emitted twice, is gone
+# before sampling, as it is before mapping, instead of surviving as a mutant no test can see.
+PREP = "prep -top {top} -flatten"
 SAT_STEPS = 24           # the equivalence check's base case and induction length
 RUN_SECONDS = 600        # wall-clock limit of one mutant's suite
 EQUIV_SECONDS = 60       # wall-clock limit of one equivalence check

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from flows.cli import main
-from flows.mutate import equivalence, run_mutation, unchanged
+from flows.mutate import equivalence, run_mutation, sample, unchanged
 from hw.registry import get_block
 
 
@@ -50,17 +50,33 @@ def test_a_bit_tied_to_the_constant_it_had_is_unchanged_without_a_proof(tmp_path
     assert equivalence(tmp_path / "t.v", "t", tie1, tmp_path, 2) == "different"
 
 
-def test_a_dead_bit_is_proven_equivalent(tmp_path):
-    """``w = a + 1`` of which only bit 0 is read: tying bit 1 of the sum changes the netlist
-    but no output, and the SAT check proves it (by induction); tying bit 0 does not."""
+def test_a_bit_masked_where_it_matters_is_proven_equivalent(tmp_path):
+    """``w = a + 1``, whose bit 1 is read only when ``a = 3``, where it is 0: tying bit 1 to 0
+    changes the netlist (``prep`` keeps the bit: it is read) but no output, and the SAT check
+    proves it (by induction); tying it to 1, or bit 0 to 0, does not."""
+    # (y starts at 0, as every Amaranth register has its init value.)
+    (tmp_path / "t.v").write_text("module t(input clk, input [1:0] a, output reg y = 1'b0);\n"
+                                  "  wire [1:0] w = a + 2'd1;\n"
+                                  "  always @(posedge clk) y <= a == 2'd3 ? w[1] : w[0];\n"
+                                  "endmodule\n")
+    cell = "-module t -cell $add$t.v:2$1 -port Y -portbit"
+    masked, live = f"mutate -mode const0 {cell} 1", f"mutate -mode const0 {cell} 0"
+    assert not unchanged(tmp_path / "t.v", "t", masked, tmp_path, 1)
+    assert equivalence(tmp_path / "t.v", "t", masked, tmp_path, 1) == "equivalent"
+    assert equivalence(tmp_path / "t.v", "t", live, tmp_path, 2) == "different"
+    assert equivalence(tmp_path / "t.v", "t", f"mutate -mode const1 {cell} 1", tmp_path,
+                       3) == "different"
+
+
+def test_a_bit_nothing_reads_is_not_sampled(tmp_path):
+    """``prep`` (MCY's preparation) trims a sum's bit nothing reads before sampling, as
+    synthesis would, so no mutant sits on it."""
     (tmp_path / "t.v").write_text("module t(input clk, input [1:0] a, output reg y);\n"
                                   "  wire [1:0] w = a + 2'd1;\n"
                                   "  always @(posedge clk) y <= w[0];\nendmodule\n")
-    cell = "-module t -cell $add$t.v:2$1 -port Y -portbit"
-    dead, live = f"mutate -mode const0 {cell} 1", f"mutate -mode const0 {cell} 0"
-    assert not unchanged(tmp_path / "t.v", "t", dead, tmp_path, 1)
-    assert equivalence(tmp_path / "t.v", "t", dead, tmp_path, 1) == "equivalent"
-    assert equivalence(tmp_path / "t.v", "t", live, tmp_path, 2) == "different"
+    lines = sample(tmp_path / "t.v", "t", 40, 1, tmp_path)
+    assert lines and not any("-cell $add" in line and "-portbit 1" in line and "-port Y" in line
+                             for line in lines)
 
 
 @pytest.mark.parametrize("argv, words", [
