@@ -12,8 +12,9 @@ __all__ = ["KINDS", "EDGE_KINDS", "random_tile"]
 
 BF16_INF, BF16_NAN = 0x7F80, 0x7FC0
 KINDS = ("gaussian", "heavy", "codes", "mixed")
-EDGE_KINDS = ("zeros", "signed_zeros", "constant", "single", "wide", "subnormal", "extremes",
-              "nan", "infinity", "only_infinity", "only_nan", "two_levels")
+EDGE_KINDS = ("zeros", "signed_zeros", "constant", "single", "single_first", "single_last",
+              "wide", "subnormal", "extremes", "nan", "infinity", "only_infinity", "only_nan",
+              "two_levels")
 
 
 def _bf16(value):
@@ -39,9 +40,12 @@ def random_tile(rng, size, kind):
     if kind == "constant":
         value = rng.randrange(1, 0x7F80)
         return [value | rng.choice([0, 0x8000]) for _ in range(size)]
-    if kind == "single":
+    if kind in ("single", "single_first", "single_last"):
+        # The only number first or last: the tile's range is complete only with its first or
+        # its last row (a range captured one row early reads an empty tile).
+        at = {"single_first": 0, "single_last": size - 1}.get(kind, rng.randrange(size))
         tile = [0] * size
-        tile[rng.randrange(size)] = rng.randrange(1, 0x7F80) | rng.choice([0, 0x8000])
+        tile[at] = rng.randrange(1, 0x7F80) | rng.choice([0, 0x8000])
         return tile
     if kind == "wide":          # beyond 2**32: the smallest clamp to zero or the lowest level
         return [_bf16(rng.choice([-1, 1]) * 2.0 ** rng.uniform(-60, 40)) for _ in range(size)]

@@ -135,7 +135,7 @@ async def test_random_dots(dut, gap, stall):
 
 @cocotb.test()
 async def test_edge_values(dut):
-    """Signed zeros, subnormals times subnormals, the largest finite values (accumulated until
+    """Signed zeros, subnormals times subnormals (in every lane), the largest finite values (accumulated until
     the exponent saturates where the format reaches it), exact cancellation, NaN, infinity
     times zero and infinities of both signs; scales that saturate the FP32 result, make it
     subnormal or zero, and a NaN scale."""
@@ -147,6 +147,9 @@ async def test_edge_values(dut):
     cases = [
         ([0, sign], [sign, 0]),                               # -0 products
         ([tiny] * 5, [tiny] * 5),                             # subnormal * subnormal
+        # ... in every lane, products 1, 2 and 3 units: each lane's leading-one search at its
+        # lowest positions
+        ([tiny] * g, [1] * g), ([tiny] * g, [2] * g), ([3] * g, [tiny] * g),
         ([big] * (3 * g + 1), [big] * (3 * g + 1)),           # the largest products
         ([big, big | sign], [big, big]),                      # exact cancellation
         ([one, big, one | sign], [one, big | sign, one]),
@@ -208,6 +211,43 @@ async def test_small_products_after_a_large_one(dut):
     for count in (2, 65, 4 * bench.cfg.group + 3, 300):
         bench.send_dot([large] + [one] * (count - 1), [large] + [one] * (count - 1))
         bench.send_dot([one] * (count - 1) + [large], [one] * (count - 1) + [large])
+    await bench.drain()
+    bench.check()
+    bench.stop()
+
+
+@cocotb.test()
+async def test_promotion_cancels_to_every_depth(dut):
+    """A promotion whose scaled partial sum nearly cancels the FP32 total, so the rounding's
+    leading one lands at every depth below the top of the promotion adder, 0 to 46 bits (FP32
+    scales only: the cancelling bits come from the scales' 24-bit mantissas; E8M0 scales are
+    powers of two, and without promotion there is no total to cancel against).
+
+    The first promotion's segment holds one product 1 * 1 with scale T, so the total is T; the
+    next segment, in the next scale block, holds 1 * 1 with scales A and B. With A = 1 + 2**-23:
+    B = 1 and T = -(A - 2**-d) leave 2**-d (depth d < 24); B = 1 + 2**-j and
+    T = -(1 + 2**-j + 2**-23) leave 2**-(23 + j) (depth 23 + j). Each at several exponents and
+    both signs."""
+    bench = await start_bench(DotBench, dut, "cancel")
+    pe = bench.cfg.promote_every
+    if bench.cfg.scale_format != "fp32" or not pe:
+        bench.stop()
+        return
+    # The second product's element: a later promotion segment and a later scale block.
+    at = max(pe, 128) if max(pe, 128) % min(pe, 128) == 0 else pe * 128
+    one = golden.encode(1.0, bench.fmt)
+    a_scale = 1.0 + 2.0 ** -23
+    cases = [(a_scale, 1.0, -(a_scale - 2.0 ** -d)) for d in range(24)]
+    cases += [(a_scale, 1.0 + 2.0 ** -j, -(1.0 + 2.0 ** -j + 2.0 ** -23)) for j in range(1, 24)]
+    for scale_a, scale_b, total in cases:
+        for shift in (0, bench.rng.randint(-60, 60)):
+            sign = bench.rng.choice((1.0, -1.0))
+            codes = [one] + [0] * (at - 1) + [one]
+            blocks = -(-len(codes) // 128)
+            first = [sign * total * 2.0 ** shift] + [1.0] * (blocks - 1)
+            second = [1.0] * (blocks - 1) + [scale_b]
+            first[-1] = sign * scale_a * 2.0 ** shift
+            bench.send_dot(codes, codes, first, second)
     await bench.drain()
     bench.check()
     bench.stop()

@@ -77,7 +77,8 @@ async def test_random_tiles(dut, gap, stall):
 
 @cocotb.test()
 async def test_edge_tiles(dut):
-    """Zeros only, signed zeros, one value repeated, a single nonzero element, a range beyond
+    """Zeros only, signed zeros, one value repeated, a single nonzero element (anywhere, in the
+    tile's first place, in its last: the range is complete only with that row), a range beyond
     2**32 (clamped), subnormals, the largest and smallest magnitudes together, a NaN (the tile's
     flag), infinities (the largest finite value), tiles of only infinities or only NaNs (with
     zeros) and two adjacent magnitudes (the smallest step), each several times, back to back."""
