@@ -1,8 +1,8 @@
 """`moegen mutate BLOCK`: how much of the RTL the block's cocotb suite checks (a mutation score).
 
 1. Sample. Yosys reads the block's Verilog (``prep -flatten``, as MCY does) and its
-   ``mutate -list N`` pass (the engine behind YosysHQ's MCY) samples N mutations evenly over the netlist: a cell
-   port bit inverted or tied to 0/1, or two bits swapped.
+   ``mutate -list N`` pass (the engine behind YosysHQ's MCY) samples N mutations evenly over
+   the netlist: a cell port bit inverted or tied to 0/1, or two bits swapped.
 2. One netlist. Every mutation is applied behind a selector (``mutate -ctrl mutsel W i``:
    mutant i acts only while the added input ``mutsel`` equals i; 0 is the original design) and
    the result is wrapped in a top module of the block's own name and ports that takes ``mutsel``

@@ -135,10 +135,10 @@ async def test_random_dots(dut, gap, stall):
 
 @cocotb.test()
 async def test_edge_values(dut):
-    """Signed zeros, subnormals times subnormals (in every lane), the largest finite values (accumulated until
-    the exponent saturates where the format reaches it), exact cancellation, NaN, infinity
-    times zero and infinities of both signs; scales that saturate the FP32 result, make it
-    subnormal or zero, and a NaN scale."""
+    """Signed zeros, subnormals times subnormals (in every lane), the largest finite values
+    (accumulated until the exponent saturates where the format reaches it), exact
+    cancellation, NaN, infinity times zero and infinities of both signs; scales that saturate
+    the FP32 result, make it subnormal or zero, and a NaN scale."""
     bench = await start_bench(DotBench, dut, "edges")
     fmt, g = bench.fmt, bench.cfg.group
     sign = 1 << (fmt.width - 1)
