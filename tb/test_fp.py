@@ -226,8 +226,8 @@ async def test_promotion_cancels_to_every_depth(dut):
     The first promotion's segment holds one product 1 * 1 with scale T, so the total is T; the
     next segment, in the next scale block, holds 1 * 1 with scales A and B. With A = 1 + 2**-23:
     B = 1 and T = -(A - 2**-d) leave 2**-d (depth d < 24); B = 1 + 2**-j and
-    T = -(1 + 2**-j + 2**-23) leave 2**-(23 + j) (depth 23 + j). Each at several exponents and
-    both signs."""
+    T = -(1 + 2**-j + 2**-23) leave 2**-(23 + j) (depth 23 + j). Each at two exponents, with
+    a random sign."""
     bench = await start_bench(DotBench, dut, "cancel")
     pe = bench.cfg.promote_every
     if bench.cfg.scale_format != "fp32" or not pe:
@@ -244,9 +244,9 @@ async def test_promotion_cancels_to_every_depth(dut):
             sign = bench.rng.choice((1.0, -1.0))
             codes = [one] + [0] * (at - 1) + [one]
             blocks = -(-len(codes) // 128)
-            first = [sign * total * 2.0 ** shift] + [1.0] * (blocks - 1)
+            first = ([sign * total * 2.0 ** shift] + [1.0] * (blocks - 2)
+                     + [sign * scale_a * 2.0 ** shift])
             second = [1.0] * (blocks - 1) + [scale_b]
-            first[-1] = sign * scale_a * 2.0 ** shift
             bench.send_dot(codes, codes, first, second)
     await bench.drain()
     bench.check()
