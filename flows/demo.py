@@ -5,7 +5,8 @@ Yosys in the background (``expert_chiplet``, ``moe_gate``, ``nop_tree``: the are
 chiplet); build it with Verilator and run ``test_throughput`` — a balanced 64-token batch with
 co-activation structure under round-robin and clustered placement, y bit-exact against the
 NumPy layer (``golden.moe_layer``), cycles against the MAC bound, r and the tree's link traffic
-measured at the RTL's taps; then the page and a picture. The per-block demo of every registered
+measured at the RTL's taps, and the batch with its weights streamed (loaded first, or
+double-buffered); then the page and a picture. The per-block demo of every registered
 block is ``moegen demo --all`` (:func:`flows.bench.run_demo`).
 """
 
@@ -146,6 +147,13 @@ def run_layer_demo():
         print("cycles: first x beat in to last y flit out, cycle-exact on Verilator; MAC bound: "
               "the busiest chiplet's MACs / its PEs; r: chiplets per token, counted at the "
               "chiplets' ports; root-link flits: both ways on the root switch's child links.")
+        metrics = figures["metrics"]
+        print(f"Weights streamed (round-robin placement) from one DDR4-3200 channel per switch "
+              f"group ({config.switch_groups}): loaded first, then the batch: "
+              f"{metrics['streamed_cycles']} cycles (the load {metrics['ddr4_weight_load_cycles']}"
+              f"); double-buffered, the batch computing while each chiplet's experts stream "
+              f"in, the heaviest first: {metrics['overlapped_cycles']} (the lightest first: "
+              f"{metrics['overlapped_lightest_first_cycles']}); resident: {metrics['cycles']}.")
         picture = out_dir / "moe_layer.png"
         _picture(config, runs, picture)
     if parts:

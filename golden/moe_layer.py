@@ -50,7 +50,7 @@ __all__ = ["MoELayer", "score_codes", "gate_weights", "dispatch_flits", "parse_h
            "chiplet_return", "layer", "mac_bound", "expert_macs", "header_flits",
            "chiplet_stream_returns", "chiplet_stream_edges",
            "gate_latency", "ChipletShape", "weight_beats", "chiplet_figures",
-           "chiplet_batch_edges", "community_workload", "placements"]
+           "chiplet_batch_edges", "community_workload", "placements", "stream_order"]
 
 
 def score_codes(x, wg, acc_width, score_shift, score_width):
@@ -208,6 +208,36 @@ def layer(model, tokens):
     return out
 
 
+def stream_order(model, tokens, leaves, slots, heaviest_first=True, batch=None):
+    """Per chiplet, its experts in the order their weights are streamed and placed in its
+    slots 0, 1, ...: by the tokens that choose them, the most first (seed 000 §4.4: streaming
+    experts, the heaviest first; ties to the lower id), or the fewest first with
+    ``heaviest_first=False``. With ``batch``, a chiplet counts only the first ``batch`` tokens
+    it receives (its first batch, which computes while its later weights still arrive: the
+    more of it the first slot takes, the more of the next load it hides). Each list is padded
+    with None to ``slots`` (a slot left over). The shared expert, chosen by every token, is
+    its chiplet's heaviest."""
+    route = layer(model, tokens)
+    counts = [[0] * len(model.placement) for _ in range(leaves)]
+    received = [0] * leaves
+    for experts, mask in zip(route["experts"], route["masks"]):
+        chosen = list(experts) + ([model.routed] if model.shared else [])
+        for leaf in range(leaves):
+            if not (mask >> leaf) & 1 or (batch is not None and received[leaf] >= batch):
+                continue
+            received[leaf] += 1
+            for expert in chosen:
+                if model.placement[expert] == leaf:
+                    counts[leaf][expert] += 1
+    sign = -1 if heaviest_first else 1
+    order = []
+    for leaf in range(leaves):
+        mine = [e for e, placed in enumerate(model.placement) if placed == leaf]
+        mine.sort(key=lambda e: (sign * counts[leaf][e], e))
+        order.append(mine + [None] * (slots - len(mine)))
+    return order
+
+
 def mac_bound(chiplet_macs, pes_per_chiplet):
     """The layer's compute bound in cycles: the busiest chiplet's MACs over its PEs."""
     return max(math.ceil(macs / pes_per_chiplet) for macs in chiplet_macs)
@@ -317,8 +347,8 @@ def _tile_pairs(start, tiles, depth, rows, last_end):
 PLAN_DEPTH = 3           # phases the chiplet plans ahead (its plan FIFO)
 
 
-def chiplet_batch_edges(slot_tokens, shape, tokens):
-    """The expert chiplet's schedule for one batch, every port ready, weights resident.
+def chiplet_batch_edges(slot_tokens, shape, tokens, loaded=None):
+    """The expert chiplet's schedule for one batch, every port ready.
 
     Parameters
     ----------
@@ -327,6 +357,9 @@ def chiplet_batch_edges(slot_tokens, shape, tokens):
     shape : ChipletShape
     tokens : int
         Tokens in the batch.
+    loaded : list of int or None, optional
+        Per slot, the edge its load's last beat is taken (counted like the result), or None
+        for weights already resident (the default for every slot).
 
     Returns
     -------
@@ -347,34 +380,60 @@ def chiplet_batch_edges(slot_tokens, shape, tokens):
     pair at least R edges after the previous tile's. The returns start two edges after the last
     result row, at the earliest three after the plan is done: H + X flits per token, back to
     back.
+
+    A slot's weights still loading (``loaded``): its first gu phase is planned no earlier than
+    the edge after its last beat. Meanwhile, at the first edge with room, the planner plans the
+    down phase it holds back for the previous group (if any), so that group finishes while the
+    slot loads; the gu follows once the slot is loaded.
     """
+    loaded = list(loaded) if loaded is not None else [None] * len(slot_tokens)
     R, C = shape.rows, shape.cols
     tree = (shape.arrays - 1).bit_length()
     result_lag = C + 2 + PE_STAGES + (R - 1) + tree     # last pair -> last result row
     # The plan: phases (("gu"|"down", group)) and planner actions in order.
     actions, groups = [], 0
-    for count in slot_tokens:
-        for _ in range(-(-count // R)):
-            actions.append(("gu", groups))
+    for slot, count in enumerate(slot_tokens):
+        for index in range(-(-count // R)):
+            # a slot's first gu waits for its weights
+            actions.append(("gu", groups, loaded[slot] if index == 0 else None))
             if groups:
-                actions.append(("down", groups - 1))
+                actions.append(("down", groups - 1, None))
             groups += 1
-        actions.append(("visit", None))
+        actions.append(("visit", None, None))
     if groups:
-        actions.insert(len(actions) - 1, ("down", groups - 1))
+        actions.insert(len(actions) - 1, ("down", groups - 1, None))
     edge, planned, phases = 0, [], []
     ends = []                                    # last pair of each phase, in plan order
     last_pair, last_gu_pair, last_result = -R, {}, 0
     first_pair = None
-    for kind, group in actions:
-        edge += 1
-        if kind == "visit":
-            continue
-        # room: the phase PLAN_DEPTH places earlier has left (its last pair before this edge)
+
+    def room(edge):
+        """The first edge from ``edge`` at which the next phase fits: the phase PLAN_DEPTH
+        places earlier has left (its last pair before that edge)."""
         index = len(planned)
         if index >= PLAN_DEPTH:
             edge = max(edge, _phase_end(ends, planned, phases, index - PLAN_DEPTH, shape, R,
                                         result_lag, last_gu_pair) + 1)
+        return edge
+
+    skip = False
+    for position, (kind, group, ready) in enumerate(actions):
+        if skip:                                 # a down already planned while waiting
+            skip = False
+            continue
+        edge += 1
+        if kind == "visit":
+            continue
+        edge = room(edge)
+        if ready is not None and edge < ready + 1:
+            held = position + 1 < len(actions) and actions[position + 1][:2] == ("down",
+                                                                              group - 1)
+            if held:                             # the held-back down goes first
+                planned.append(edge)
+                phases.append(("down", group - 1))
+                skip = True
+                edge = room(edge + 1)
+            edge = max(edge, ready + 1)
         planned.append(edge)
         phases.append((kind, group))
     edge_plan_done = edge                        # the last visit finds nothing left
@@ -396,7 +455,8 @@ def chiplet_stream_returns(batches, shape, banks, flits, arrivals, *, batch, bat
                                 batch_wait=batch_wait)["firsts"]
 
 
-def chiplet_stream_edges(batches, shape, banks, flits, arrivals, *, batch, batch_wait):
+def chiplet_stream_edges(batches, shape, banks, flits, arrivals, *, batch, batch_wait,
+                         loaded=None):
     """Per batch, the edges the collector takes its final flit (``lasts``: l), it closes
     (``closes``: c), the planner is done with it (``dones``: d) and its first return is taken
     (``firsts``), through a chiplet with ``banks`` token banks, every port ready.
@@ -416,6 +476,10 @@ def chiplet_stream_edges(batches, shape, banks, flits, arrivals, *, batch, batch
     batch, batch_wait : int
         The chiplet's parameters: tokens of a full batch, idle cycles before a partial one
         closes. A batch of fewer tokens is partial: no further packet comes before it closes.
+    loaded : list of (list of int or None) or None, optional
+        Per batch, per slot, the edge the last beat of a load it waits for is taken (the
+        ``loaded`` of :func:`chiplet_batch_edges`, here counted like ``arrivals``); None:
+        every slot resident.
 
     The collector takes a flit per edge into the next free bank; its final flit is taken at
     l_b = max(arrivals_b, c_(b-1) + n_b*flits, f_(b-banks) + n_b*flits), where f is the edge
@@ -437,7 +501,10 @@ def chiplet_stream_edges(batches, shape, banks, flits, arrivals, *, batch, batch
         if tokens < batch:
             close = max(close + batch_wait, dones[-1] if dones else 0)
         start = max(close, dones[-1]) if dones else close
-        done = start + chiplet_batch_edges(slot_tokens, shape, tokens)["done"]
+        waits = None
+        if loaded is not None and loaded[b] is not None:
+            waits = [None if edge is None else edge - start for edge in loaded[b]]
+        done = start + chiplet_batch_edges(slot_tokens, shape, tokens, waits)["done"]
         emit = max(done, ends[-1]) if ends else done
         closes.append(close)
         dones.append(done)

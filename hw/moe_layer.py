@@ -485,6 +485,12 @@ def weights_layout(config):
         "last": 1})
 
 
+def assign_layout(config):
+    """An assignment: expert ``expert`` goes to ``slot``, its weights to follow."""
+    return data.StructLayout({"slot": max(1, ceil_log2(config.slots)),
+                              "expert": max(1, ceil_log2(config.experts))})
+
+
 def act_lut_layout(config):
     return data.StructLayout({"index": config.in_width, "value": signed(config.in_width)})
 
@@ -503,6 +509,9 @@ class ExpertChiplet(TieredComponent):
     weights : In(stream)
         Weight loads: one expert into one slot, in tile order, ``slot`` and ``expert`` taken
         from the first beat.
+    assign : In(stream)
+        ``slot``, ``expert``: the slot is given the expert ahead of its weights (packets that
+        choose the expert are taken; the planner waits for the load).
     act_lut : In(stream)
         ``index``, ``value``: one activation-table entry; always ready.
     error : Out(1)
@@ -517,6 +526,7 @@ class ExpertChiplet(TieredComponent):
             "down": In(stream.Signature(down_layout(shape))),
             "up": Out(stream.Signature(up_layout(shape))),
             "weights": In(stream.Signature(weights_layout(config))),
+            "assign": In(stream.Signature(assign_layout(config))),
             "act_lut": In(stream.Signature(act_lut_layout(config))),
             "error": Out(1),
         }, banks_signature(config.pmu_config()), tier)
@@ -587,11 +597,13 @@ class ExpertChiplet(TieredComponent):
         flit = Signal(range(H + X + 1))
         idle = Signal(range(cfg.batch_wait + 1))
 
-        # Expert slots: the global expert each holds ("tags"), kept through reset like the
-        # scratchpad; a slot is valid from the edge of its load's last beat.
+        # Expert slots: the global expert each is assigned ("tags", by an `assign` write or a
+        # load's first beat) and whether its weights are in ("loaded", from the edge of its
+        # load's last beat); kept through reset like the scratchpad.
         tags = [Signal(ceil_log2(cfg.experts) or 1, name=f"tag_{s}", reset_less=True)
                 for s in range(S)]
-        tag_valid = [Signal(name=f"tag_valid_{s}", reset_less=True) for s in range(S)]
+        tag_set = [Signal(name=f"tag_set_{s}", reset_less=True) for s in range(S)]
+        loaded = [Signal(name=f"loaded_{s}", reset_less=True) for s in range(S)]
 
         # Per token of the batch: id, x, chosen slots and their gates, the gate-weighted sums.
         product_bits = cfg.acc_width + cfg.gate_width + 1
@@ -612,27 +624,43 @@ class ExpertChiplet(TieredComponent):
         members_len = [[Signal(range(T + 1), name=f"members_len_{b}_{s}") for s in range(S)]
                        for b in range(NB)]
 
-        # --- weight loads (only while no token is held) ---
+        # --- slot assignment and weight loads, while tokens are collected and computed ---
+        # A slot no held token has chosen may be assigned or loaded at any time; a slot that
+        # held tokens chose but whose weights are not in yet may be loaded (the planner waits
+        # for it). That is double buffering: one slot loads while another one computes.
+        slot_index = Signal(range(TT))                 # the token slot the collector fills
+        referenced = Signal(S)                         # a held token chose the slot
+        m.d.comb += referenced.eq(Cat(*[
+            Cat(*[members_len[b][s] != 0 for b in range(NB)]).any() |
+            (in_packet & select(slot_index, chosen)[s]) for s in range(S)]))
         loading, discarding = Signal(), Signal()
         load_slot = Signal(range(S))
         load_beat = Signal(range(shape.expert_beats))
         beats_end = load_beat == shape.expert_beats - 1
-        can_load = Cat(*[st == FREE for st in bank_state]).all() & (count == 0) & ~in_packet
         wload = self.weights
         slot_ok = wload.payload.slot < S
-        m.d.comb += [pmu.wjob.valid.eq(wload.valid & can_load & ~loading & ~discarding & slot_ok),
-                     *read_job(pmu.wjob.payload, wload.payload.slot * (shape.expert_beats * V),
+        w_slot = wload.payload.slot
+        startable = ~select(w_slot, list(referenced)) | ~select(w_slot, loaded)
+        m.d.comb += [pmu.wjob.valid.eq(wload.valid & ~loading & ~discarding & slot_ok &
+                                       startable),
+                     *read_job(pmu.wjob.payload, w_slot * (shape.expert_beats * V),
                                shape.expert_beats),
                      pmu.w.valid.eq(wload.valid & loading),
                      pmu.w.payload.last.eq(beats_end)]
         m.d.comb += [pmu.w.payload.data[v].eq(wload.payload.data[v]) for v in range(V)]
         m.d.comb += wload.ready.eq((loading & pmu.w.ready) | discarding |
-                                   (can_load & ~loading & ~slot_ok))
-        with m.If(pmu.wjob.valid & pmu.wjob.ready):
-            m.d.sync += [loading.eq(1), load_slot.eq(wload.payload.slot), load_beat.eq(0)]
+                                   (~loading & ~slot_ok))
+        load_start = pmu.wjob.valid & pmu.wjob.ready
+        with m.If(load_start):
+            m.d.sync += [loading.eq(1), load_slot.eq(w_slot), load_beat.eq(0)]
+            # A slot that held tokens chose gets the weights of another expert: misuse.
+            with m.If(select(w_slot, list(referenced)) &
+                      (select(w_slot, tags) != wload.payload.expert)):
+                m.d.sync += error.eq(1)
             for s in range(S):
-                with m.If(wload.payload.slot == s):
-                    m.d.sync += [tags[s].eq(wload.payload.expert), tag_valid[s].eq(0)]
+                with m.If(w_slot == s):
+                    m.d.sync += [tags[s].eq(wload.payload.expert), tag_set[s].eq(1),
+                                 loaded[s].eq(0)]
         with m.If(pmu.w.valid & pmu.w.ready):
             m.d.sync += load_beat.eq(load_beat + 1)
             with m.If(wload.payload.last != beats_end):
@@ -641,11 +669,38 @@ class ExpertChiplet(TieredComponent):
                 m.d.sync += loading.eq(0)
                 for s in range(S):
                     with m.If(load_slot == s):
-                        m.d.sync += tag_valid[s].eq(1)
+                        m.d.sync += loaded[s].eq(1)
         # A load into a slot that does not exist is taken and dropped up to its `last`.
         with m.If(wload.valid & wload.ready & ~loading):
             with m.If(discarding | ~slot_ok):
                 m.d.sync += [error.eq(1), discarding.eq(~wload.payload.last)]
+        # An assignment: the slot takes the expert id and waits for its weights. It waits while
+        # held tokens chose the slot or the slot is loading; a slot past S: dropped, error.
+        assign = self.assign
+        a_slot_ok = assign.payload.slot < S
+        a_slot = assign.payload.slot
+        m.d.comb += assign.ready.eq(~a_slot_ok | ~(select(a_slot, list(referenced)) |
+                                                   (loading & (load_slot == a_slot)) |
+                                                   (pmu.wjob.valid & (w_slot == a_slot))))
+        assign_fire = assign.valid & assign.ready & a_slot_ok
+        with m.If(assign.valid & ~a_slot_ok):
+            m.d.sync += error.eq(1)
+        with m.If(assign_fire):
+            for s in range(S):
+                with m.If(a_slot == s):
+                    m.d.sync += [tags[s].eq(assign.payload.expert), tag_set[s].eq(1),
+                                 loaded[s].eq(0)]
+        # The tags a header flit taken at this edge is matched against: an assignment or a
+        # load starting at this edge already counts, so a packet never chooses a slot for the
+        # expert it is losing.
+        match_tag = [Signal.like(tags[s], name=f"match_tag_{s}") for s in range(S)]
+        match_set = Signal(S)
+        for s in range(S):
+            m.d.comb += [match_tag[s].eq(tags[s]), match_set[s].eq(tag_set[s])]
+            with m.If(assign_fire & (a_slot == s)):
+                m.d.comb += [match_tag[s].eq(assign.payload.expert), match_set[s].eq(1)]
+            with m.If(load_start & (w_slot == s)):
+                m.d.comb += [match_tag[s].eq(wload.payload.expert), match_set[s].eq(1)]
 
         # --- collect: take packets into the batch ---
         # The input queue holds up to `queue_tokens` packets while a batch is computed, so the
@@ -659,10 +714,8 @@ class ExpertChiplet(TieredComponent):
                          down.payload.eq(queue.r_data), queue.r_en.eq(down.ready)]
         else:
             wiring.connect(m, wiring.flipped(self.down), down)
-        # A load offered while no token is held goes first.
-        m.d.comb += down.ready.eq(collecting & ~loading & ~discarding & ~(can_load & wload.valid))
+        m.d.comb += down.ready.eq(collecting)
         taken = down.valid & down.ready
-        slot_index = Signal(range(TT))
         m.d.comb += slot_index.eq(c_bank * T + count)
         first = flit == 0
         # Slots this flit's header entries choose (or-ed into the token's earlier choices).
@@ -675,7 +728,7 @@ class ExpertChiplet(TieredComponent):
             expert = entry[cfg.gate_width:cfg.gate_width + (ceil_log2(cfg.experts) or 1)]
             here = header_index == j // L
             for s in range(S):
-                with m.If(here & tag_valid[s] & (tags[s] == expert)):
+                with m.If(here & match_set[s] & (match_tag[s] == expert)):
                     m.d.comb += [hits[s].eq(1), hit_gate[s].eq(entry[:cfg.gate_width])]
         current_chosen = Signal(S)
         m.d.comb += current_chosen.eq(
@@ -805,6 +858,11 @@ class ExpertChiplet(TieredComponent):
                     m.d.sync += [planned_all.eq(1), slot.eq(0), group.eq(0)]
             with m.Elif(done_slot):                    # visit the next slot
                 m.d.sync += [slot.eq(slot + 1), group.eq(0)]
+            with m.Elif(~select(slot, loaded)):        # its weights are not in yet: wait,
+                with m.If(held_valid):                 # finishing the held group first
+                    m.d.comb += [push.eq(room), pushed.eq(down_of_held)]
+                    with m.If(room):
+                        m.d.sync += held_valid.eq(0)
             with m.Else():                             # plan this group's gu
                 m.d.comb += [push.eq(room), pushed.eq(found)]
                 with m.If(room):
@@ -1067,6 +1125,17 @@ class MoELayerConfig(PacketShape):
     def leaves(self):
         return math.prod(self.fanouts)
 
+    @property
+    def switch_groups(self):
+        """The root's children's subtrees (the whole tree when it has one level): group g is
+        leaves g * group_leaves .. (g + 1) * group_leaves - 1, with one weight port (its DRAM,
+        seed 000 §4.4: every four chiplets share one DRAM interface behind their switch)."""
+        return self.fanouts[0] if len(self.fanouts) > 1 else 1
+
+    @property
+    def group_leaves(self):
+        return self.leaves // self.switch_groups
+
     def gate_config(self):
         return MoEGateConfig(
             experts=self.experts, k=self.k, groups=self.groups, topk_groups=self.topk_groups,
@@ -1100,8 +1169,16 @@ class MoELayerConfig(PacketShape):
 
 
 def layer_weights_layout(config):
-    """A weight beat of the layer: ``leaf`` (the chiplet) and a chiplet's weight beat."""
+    """A weight beat of a switch group's port: ``leaf`` (the chiplet within the group) and a
+    chiplet's weight beat."""
     chiplet = weights_layout(config.chiplet_config())
+    return data.StructLayout({"leaf": max(1, ceil_log2(config.group_leaves)),
+                              **{name: field.shape for name, field in chiplet}})
+
+
+def layer_assign_layout(config):
+    """An assignment in the layer: ``leaf`` (the chiplet) and a chiplet's assignment."""
+    chiplet = assign_layout(config.chiplet_config())
     return data.StructLayout({"leaf": max(1, ceil_log2(config.leaves)),
                               **{name: field.shape for name, field in chiplet}})
 
@@ -1144,8 +1221,10 @@ class MoELayer(TieredComponent):
     -------
     x, wg, gate_lut, table : In(stream)
         As ``moe_gate``'s.
-    weights : In(stream)
-        ``leaf`` and a chiplet weight beat: loads into chiplet ``leaf``.
+    weights : In(stream).array(switch_groups)
+        One port per switch group: ``leaf`` (within the group) and a chiplet weight beat.
+    assign : In(stream)
+        ``leaf`` and a chiplet assignment (a slot given its expert ahead of the weights).
     act_lut : In(stream)
         One activation-table entry, written into every chiplet; always ready.
     y : Out(stream)
@@ -1167,7 +1246,9 @@ class MoELayer(TieredComponent):
             "wg": In(stream.Signature(wg_layout(config.gate_config()))),
             "gate_lut": In(stream.Signature(gate_lut_layout(config.gate_config()))),
             "table": In(stream.Signature(table_layout(config.gate_config().router_config()))),
-            "weights": In(stream.Signature(layer_weights_layout(config))),
+            "weights": In(stream.Signature(layer_weights_layout(config))).array(
+                config.switch_groups),
+            "assign": In(stream.Signature(layer_assign_layout(config))),
             "act_lut": In(stream.Signature(act_lut_layout(config.chiplet_config()))),
             "y": Out(stream.Signature(y_layout(config))),
             "leaf_packets": Out(config.leaves),
@@ -1187,8 +1268,8 @@ class MoELayer(TieredComponent):
         m.d.comb += [self.down_link_fire.eq(tree.down_link_fire),
                      self.up_link_fire.eq(tree.up_link_fire)]
         errors = [gate.error, tree.error]
-        weights = self.weights
-        ready = []
+        assign = self.assign
+        ready, assign_ready = [[] for _ in range(cfg.switch_groups)], []
         for leaf in range(cfg.leaves):
             chiplet = m.submodules[f"chiplet{leaf}"] = ExpertChiplet(cfg.chiplet_config(),
                                                                      tier=self.tier)
@@ -1198,7 +1279,9 @@ class MoELayer(TieredComponent):
             wiring.connect(m, tree.down_out[leaf], chiplet.down)
             wiring.connect(m, chiplet.up, tree.up_in[leaf])
             errors.append(chiplet.error)
-            mine = weights.payload.leaf == leaf
+            group, local = divmod(leaf, cfg.group_leaves)
+            weights = self.weights[group]
+            mine = weights.payload.leaf == local
             m.d.comb += [chiplet.weights.valid.eq(weights.valid & mine),
                          chiplet.weights.payload.eq(weights.payload.as_value()[
                              len(weights.payload.leaf):]),
@@ -1206,13 +1289,24 @@ class MoELayer(TieredComponent):
                          chiplet.act_lut.payload.eq(self.act_lut.payload),
                          self.leaf_packets[leaf].eq(chiplet.down.valid & chiplet.down.ready &
                                                     chiplet.down.payload.last)]
-            ready.append(mine & chiplet.weights.ready)
-        # A beat for a leaf that does not exist is taken, dropped, and sets error.
-        leaf_ok = weights.payload.leaf < cfg.leaves
-        m.d.comb += [weights.ready.eq(Cat(*ready).any() | ~leaf_ok),
-                     self.act_lut.ready.eq(1)]
+            ready[group].append(mine & chiplet.weights.ready)
+            to_me = assign.payload.leaf == leaf
+            m.d.comb += [chiplet.assign.valid.eq(assign.valid & to_me),
+                         chiplet.assign.payload.eq(assign.payload.as_value()[
+                             len(assign.payload.leaf):])]
+            assign_ready.append(to_me & chiplet.assign.ready)
+        # A beat or an assignment for a leaf that does not exist is taken, dropped, and sets
+        # error.
         bad_leaf = Signal()
-        with m.If(weights.valid & ~leaf_ok):
+        for group, weights in enumerate(self.weights):
+            leaf_ok = weights.payload.leaf < cfg.group_leaves
+            m.d.comb += weights.ready.eq(Cat(*ready[group]).any() | ~leaf_ok)
+            with m.If(weights.valid & ~leaf_ok):
+                m.d.sync += bad_leaf.eq(1)
+        assign_leaf_ok = assign.payload.leaf < cfg.leaves
+        m.d.comb += [assign.ready.eq(Cat(*assign_ready).any() | ~assign_leaf_ok),
+                     self.act_lut.ready.eq(1)]
+        with m.If(assign.valid & ~assign_leaf_ok):
             m.d.sync += bad_leaf.eq(1)
         errors.append(bad_leaf)
         m.d.comb += self.error.eq(Cat(*errors).any())

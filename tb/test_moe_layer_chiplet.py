@@ -15,7 +15,7 @@ from golden import moe_layer as golden
 from golden import ndp as golden_ndp
 from golden.fixed import signed_limits
 from tb.harness import start_bench, write_throughput
-from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, edge_now,
+from tb.streams import (LONG_BURSTS, STALL_PROFILES, InOrderScoreboard, StreamBench, edge_now,
                         pause_fraction, reset_dut, wait_for)
 
 
@@ -23,8 +23,8 @@ class ChipletBench(StreamBench):
     """Sources on down, weights and act_lut; a sink on up; the golden state of the slots."""
 
     def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
-        super().__init__(dut, component, rng, ("down", "weights", "act_lut"), ("up",), gap,
-                         stall)
+        super().__init__(dut, component, rng, ("down", "weights", "assign", "act_lut"), ("up",),
+                         gap, stall)
         self.cfg = config
         self.up = self.sinks["up"]
         self.board = InOrderScoreboard("up", component.up.payload.shape())
@@ -54,6 +54,14 @@ class ChipletBench(StreamBench):
             self.sources["weights"].send({"slot": slot, "expert": expert, "data": beat,
                                           "last": int(index == len(beats) - 1)})
         self.slot_expert[slot] = (expert, weights)
+
+    def assign(self, slot, expert, weights=None):
+        """Queue an assignment of ``expert`` to ``slot`` (its weights to be loaded later with
+        :meth:`load`); the golden slot follows. Returns the weights."""
+        weights = weights or self.random_expert()
+        self.sources["assign"].send({"slot": slot, "expert": expert})
+        self.slot_expert[slot] = (expert, weights)
+        return weights
 
     def load_act(self, table=None):
         cfg = self.cfg
@@ -317,7 +325,9 @@ async def test_reset_mid_batch(dut):
 @cocotb.test()
 async def test_misuse(dut):
     """A short packet (missing x is 0) and a long one (extra flits ignored) set the sticky
-    error and still return; a load into a slot that does not exist is dropped."""
+    error and still return; a load or an assignment of a slot that does not exist is dropped;
+    a slot held tokens chose, waiting for its weights, loaded with another expert's sets
+    error."""
     bench = await _setup(dut, "misuse")
     cfg = bench.cfg
     full = cfg.header_flits + cfg.x_flits
@@ -339,6 +349,143 @@ async def test_misuse(dut):
         assert dut.error.value == 1, "a load into a missing slot did not set error"
         bench.send_token(bench.random_x(), bench.random_choices(held=cfg.k))
         await bench.finish(_budget(bench, 1))
+        await reset_dut(dut)
+        bench.sources["assign"].send({"slot": cfg.slots, "expert": 0})
+        await wait_for(dut, lambda: bench.sources["assign"].idle, 20, "the assignment")
+        await ClockCycles(dut.clk, 2)
+        assert dut.error.value == 1, "an assignment of a missing slot did not set error"
+    # A slot that a held token chose while it waited for its weights, loaded with another
+    # expert's: error; the token computes with what was loaded (here the same weights).
+    await reset_dut(dut)
+    expert = bench.slot_expert[0][0]
+    weights = bench.assign(0, expert)
+    bench.send_token(bench.random_x(), _choosing(bench, expert))
+    await wait_for(dut, lambda: len(bench.sources["down"].sent_edges) >= full and
+                   bench.sources["assign"].idle, _budget(bench, 1), "a token held")
+    await ClockCycles(dut.clk, 2)
+    assert not dut.error.value
+    bench.load(0, (expert + 1) % cfg.experts, weights)
+    await bench.finish(_budget(bench, 1))
+    assert dut.error.value == 1, "a held slot loaded with another expert did not set error"
+
+
+def _choosing(bench, expert):
+    """k distinct random choices, every held expert's among them when k allows, ``expert``'s
+    always."""
+    choices = bench.random_choices(held=bench.cfg.k)
+    if expert not in {e for e, _ in choices}:
+        choices[0] = (expert, choices[0][1])
+    return choices
+
+
+def _stream_setup(bench):
+    """Every slot assigned a new expert (the slots' previous ones leave the golden), the
+    heaviest first: slot 0 is chosen by every token, the later ones by fewer."""
+    cfg = bench.cfg
+    experts = [(bench.slot_expert[s][0] + cfg.slots) % cfg.experts if cfg.experts > cfg.slots
+               else bench.slot_expert[s][0] for s in range(cfg.slots)]
+    weights = [bench.assign(slot, expert) for slot, expert in enumerate(experts)]
+    return experts, weights
+
+
+@cocotb.test()
+async def test_weights_stream_while_computing(dut):
+    """Double buffering, every port ready. Every slot is assigned a new expert, a full batch
+    is dispatched while slot 0 (the heaviest: every token chose it) loads, and the other slots
+    load once the batch is in: the planner computes slot 0's groups while they load. The first
+    return is at the edge of ``golden.moe_layer.chiplet_stream_edges`` given each load's
+    last-beat edge (and, with 2 slots or more, sooner than after every load), returns back to
+    back, y exact. Then, while a second batch is held, slot 0 is assigned again: the
+    assignment is taken at the edge after that batch's last return flit (the edge its tokens
+    are no longer held), and a third batch waits for the new weights, loaded after its tokens
+    came."""
+    bench = await _setup(dut, "stream")
+    cfg = bench.cfg
+    flits = cfg.header_flits + cfg.x_flits
+    queue = 1 if cfg.queue_tokens else 0
+    experts, weights = _stream_setup(bench)
+    await wait_for(dut, lambda: bench.sources["assign"].idle, 50, "assignments taken")
+    for _ in range(cfg.batch):
+        bench.send_token(bench.random_x(), _choosing(bench, experts[0]))
+    beats = bench.shape.expert_beats
+    bench.load(0, experts[0], weights[0])
+    sent = bench.sources["down"].sent_edges
+    await wait_for(dut, lambda: len(sent) == cfg.batch * flits and
+                   bench.sources["weights"].idle, _budget(bench, cfg.batch), "slot 0 and tokens")
+    for slot in range(1, cfg.slots):                # they load while slot 0 computes
+        bench.load(slot, experts[slot], weights[slot])
+    await wait_for(dut, lambda: len(bench.up.received) >= cfg.batch * flits,
+                   _budget(bench, cfg.batch), "the streamed batch")
+    loads = bench.sources["weights"].sent_edges[-cfg.slots * beats:]
+    loaded = [loads[(slot + 1) * beats - 1] for slot in range(cfg.slots)]
+    slot_tokens = [sum(slot in bench.token_slots[t] for t in range(cfg.batch))
+                   for slot in range(cfg.slots)]
+    edges = golden.chiplet_stream_edges(
+        [(slot_tokens, cfg.batch)], bench.shape, cfg.token_banks, flits,
+        [sent[cfg.batch * flits - 1] + queue], batch=cfg.batch, batch_wait=cfg.batch_wait,
+        loaded=[loaded])
+    returned = [edge for edge, _ in bench.up.received]
+    assert returned[0] == edges["firsts"][0], \
+        f"first return at {returned[0]}, expected {edges['firsts'][0]} (slots {slot_tokens}, " \
+        f"loads ending at {loaded}, planner taking the batch at {edges['closes'][0]})"
+    assert returned == list(range(returned[0], returned[0] + len(returned))), "a bubble"
+    resident = golden.chiplet_stream_edges(
+        [(slot_tokens, cfg.batch)], bench.shape, cfg.token_banks, flits,
+        [sent[cfg.batch * flits - 1] + queue], batch=cfg.batch, batch_wait=cfg.batch_wait)
+    dut._log.info(f"streamed: loads end at {loaded}, planner from {edges['closes'][0]}, "
+                  f"first return {returned[0]}; resident: {resident['firsts'][0]}")
+    assert edges["firsts"][0] >= resident["firsts"][0]
+    if cfg.slots > 1:       # slot 0 computed while the others loaded: sooner than after them
+        sequential = loaded[-1] + resident["firsts"][0] - resident["closes"][0]
+        assert returned[0] < sequential, (returned[0], sequential)
+    await bench.finish(_budget(bench, cfg.batch))
+
+    # A slot held tokens chose is assigned only once they are returned.
+    tokens_before = len(bench.board.expected)
+    for _ in range(cfg.batch):
+        bench.send_token(bench.random_x(), _choosing(bench, experts[0]))
+    await wait_for(dut, lambda: len(sent) == 2 * cfg.batch * flits, _budget(bench, cfg.batch),
+                   "a batch held")
+    await ClockCycles(dut.clk, 3)                  # its last flit through the input queue
+    new = bench.assign(0, experts[0])              # same expert, new weights
+    await wait_for(dut, lambda: bench.sources["assign"].idle, _budget(bench, cfg.batch),
+                   "the assignment")
+    taken = bench.sources["assign"].sent_edges[-1]
+    await bench.finish(_budget(bench, cfg.batch))
+    last_return = bench.up.received[-1][0]
+    assert len(bench.up.received) == len(bench.board.expected) == \
+        tokens_before + cfg.batch * flits
+    assert taken == last_return + 1, \
+        f"assignment taken at {taken}, the held batch's last return at {last_return}"
+    for _ in range(cfg.batch):
+        bench.send_token(bench.random_x(), _choosing(bench, experts[0]))
+    await ClockCycles(dut.clk, 3 * cfg.batch_wait + 10)     # the batch waits for its weights
+    assert len(bench.up.received) == len(bench.board.expected) - cfg.batch * flits
+    bench.load(0, experts[0], new)
+    await bench.finish(_budget(bench, 2 * cfg.batch))
+    assert not dut.error.value
+
+
+@cocotb.test()
+async def test_weights_stream_under_stalls(dut):
+    """Double buffering with long bursts of gaps and stalls on every port: slots assigned,
+    tokens dispatched and weights streamed at once, batch after batch, each batch with new
+    experts; y exact for every token."""
+    bench = await _setup(dut, "stream-stalls", LONG_BURSTS, LONG_BURSTS)
+    cfg = bench.cfg
+    for round_ in range(3):
+        experts, weights = _stream_setup(bench)
+        await wait_for(dut, lambda: bench.sources["assign"].idle, _budget(bench, cfg.batch,
+                                                                          LONG_BURSTS,
+                                                                          LONG_BURSTS),
+                       "assignments taken")
+        tokens = cfg.batch + round_
+        for _ in range(tokens):
+            bench.send_token(bench.random_x(), bench.random_choices())
+        for slot in range(cfg.slots):
+            bench.load(slot, experts[slot], weights[slot])
+        await bench.finish(_budget(bench, tokens, LONG_BURSTS, LONG_BURSTS))
+    assert not dut.error.value
 
 
 @cocotb.test()

@@ -18,7 +18,10 @@ from golden.fixed import signed_limits
 from tb.harness import load_dut_config, start_bench, write_throughput
 from tb.streams import STALL_PROFILES, StreamBench, edge_now, pause_fraction, wait_for
 
-INPUTS = ("x", "wg", "gate_lut", "table", "weights", "act_lut")
+def inputs(config):
+    """Every input port: the switch groups' weight ports are ``weights__<g>``."""
+    return ("x", "wg", "gate_lut", "table",
+            *[f"weights__{g}" for g in range(config.switch_groups)], "assign", "act_lut")
 
 
 class LayerBench(StreamBench):
@@ -26,7 +29,7 @@ class LayerBench(StreamBench):
     chiplet takes (from ``leaf_packets``)."""
 
     def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
-        super().__init__(dut, component, rng, INPUTS, ("y",), gap, stall)
+        super().__init__(dut, component, rng, inputs(config), ("y",), gap, stall)
         self.cfg = config
         self.y = self.sinks["y"]
         self.model = None
@@ -123,39 +126,101 @@ class LayerBench(StreamBench):
         for index, value in enumerate(model.act_lut):
             source["act_lut"].send({"index": index, "value": value})
         if weights:
-            shape = cfg.chiplet_config().schedule
-            loads = [(leaf, expert, model.experts[expert])
-                     for expert, leaf in enumerate(model.placement)]
-            # A slot keeps its expert until loaded again, through resets (and so from one
-            # test to the next): the slots this placement leaves over get zero weights (they
-            # add 0 whatever token reaches them).
-            zero = ([[0] * cfg.d_model] * cfg.d_ff, [[0] * cfg.d_model] * cfg.d_ff,
-                    [[0] * cfg.d_ff] * cfg.d_model)
-            loads += [(leaf, 0, zero) for leaf in range(cfg.leaves)
-                      for _ in range(cfg.slots - model.placement.count(leaf))]
-            used = [0] * cfg.leaves
-            self.loaded_beats = 0
-            total_beats = len(loads) * shape.expert_beats
-            beat_bytes = -(-shape.weight_lanes * cfg.w_width // 8)
-            arrival = (Ddr4Stream(beat_bytes * total_beats).beat_ready_cycles(beat_bytes,
-                                                                              total_beats)
-                       if dram else [0] * total_beats)
-            start = edge_now()
-            for leaf, expert, matrices in loads:
-                beats = golden.weight_beats(shape, *matrices)
-                for index, beat in enumerate(beats):
-                    source["weights"].send(
-                        {"leaf": leaf, "slot": used[leaf], "expert": expert, "data": beat,
-                         "last": int(index == len(beats) - 1)},
-                        start + arrival[self.loaded_beats + index] if dram else 0)
-                used[leaf] += 1
-                self.loaded_beats += len(beats)
+            self.send_loads(self.resident_loads(model), dram)
         self.model = model
         shape = cfg.chiplet_config().schedule
         budget = 30 * (cfg.d_model + len(model.gate_lut) + len(model.act_lut) +
                        cfg.experts * shape.expert_beats) + 1000
-        await wait_for(self.dut, lambda: all(source[n].idle for n in INPUTS), budget,
-                       "configuration written")
+        await wait_for(self.dut, lambda: all(source.idle for source in self.sources.values()),
+                       budget, "configuration written")
+
+    def zero_expert(self):
+        cfg = self.cfg
+        return ([[0] * cfg.d_model] * cfg.d_ff, [[0] * cfg.d_model] * cfg.d_ff,
+                [[0] * cfg.d_ff] * cfg.d_model)
+
+    def resident_loads(self, model):
+        """``(leaf, slot, expert, matrices)``: every expert in a slot of its chiplet, in expert
+        order. A slot keeps its expert until loaded again, through resets (and so from one
+        test to the next): the slots the placement leaves over get zero weights (they add 0
+        whatever token reaches them)."""
+        cfg = self.cfg
+        loads = [(leaf, expert, model.experts[expert])
+                 for expert, leaf in enumerate(model.placement)]
+        loads += [(leaf, 0, self.zero_expert()) for leaf in range(cfg.leaves)
+                  for _ in range(cfg.slots - model.placement.count(leaf))]
+        used = [0] * cfg.leaves
+        out = []
+        for leaf, expert, matrices in loads:
+            out.append((leaf, used[leaf], expert, matrices))
+            used[leaf] += 1
+        return out
+
+    def send_loads(self, loads, dram=False):
+        """Queue ``(leaf, slot, expert, matrices)`` loads, each on its switch group's weight
+        port in the order given; with ``dram`` each beat is held back until the group's DDR4-3200
+        channel (``golden.dram``, Table I organization), reading the group's weights in load
+        order from this edge on, could have delivered it."""
+        cfg = self.cfg
+        shape = cfg.chiplet_config().schedule
+        beat_bytes = -(-shape.weight_lanes * cfg.w_width // 8)
+        start = edge_now()
+        self.loaded_beats = 0
+        for group in range(cfg.switch_groups):
+            mine = [load for load in loads if load[0] // cfg.group_leaves == group]
+            total = len(mine) * shape.expert_beats
+            arrival = (Ddr4Stream(beat_bytes * total).beat_ready_cycles(beat_bytes, total)
+                       if dram and total else [0] * total)
+            beat_index = 0
+            for leaf, slot, expert, matrices in mine:
+                beats = golden.weight_beats(shape, *matrices)
+                for index, beat in enumerate(beats):
+                    self.sources[f"weights__{group}"].send(
+                        {"leaf": leaf % cfg.group_leaves, "slot": slot, "expert": expert,
+                         "data": beat, "last": int(index == len(beats) - 1)},
+                        start + arrival[beat_index] if dram else 0)
+                    beat_index += 1
+            self.loaded_beats += beat_index
+
+    def weight_edges(self):
+        """Every weight beat's taken edge, all groups."""
+        return sorted(edge for g in range(self.cfg.switch_groups)
+                      for edge in self.sources[f"weights__{g}"].sent_edges)
+
+    def clear_weight_edges(self):
+        for g in range(self.cfg.switch_groups):
+            self.sources[f"weights__{g}"].sent_edges.clear()
+
+    async def stream(self, model, tokens, order="heaviest", dram=True):
+        """Double buffering across the layer: the tables written; every chiplet's slots
+        assigned, its experts in ``order`` (``heaviest`` or ``lightest`` first) of the tokens
+        they take in the chiplet's first batch (``golden.moe_layer.stream_order``); then the
+        batch dispatched while every switch group streams its experts' weights (rank by rank
+        over its chiplets, through its DDR4 channel with ``dram``). Returns the golden layer
+        output and the edge from which the tokens and the weights are sent."""
+        cfg = self.cfg
+        await self.configure(model, weights=False)
+        ranked = golden.stream_order(model, tokens, cfg.leaves, cfg.slots,
+                                     heaviest_first=order == "heaviest", batch=cfg.batch)
+        loads = []
+        for leaf, experts in enumerate(ranked):
+            for slot, expert in enumerate(experts):
+                if expert is None:              # a slot left over: zero weights
+                    loads.append((leaf, slot, 0, self.zero_expert()))
+                else:
+                    loads.append((leaf, slot, expert, model.experts[expert]))
+                self.sources["assign"].send({"leaf": leaf, "slot": slot,
+                                             "expert": loads[-1][2]})
+        await wait_for(self.dut, lambda: self.sources["assign"].idle, 20 * len(loads) + 50,
+                       "slots assigned")
+        self.expected.clear()
+        self.y.received.clear()
+        began = edge_now() + 1
+        out = self.send_tokens(tokens)
+        # rank by rank: every chiplet's heaviest expert first, then every chiplet's second, ...
+        loads.sort(key=lambda load: (load[1], load[0]))
+        self.send_loads(loads, dram)
+        return out, began
 
     # --- tokens ---
     def random_x(self, extremes=False):
@@ -313,9 +378,20 @@ async def test_weights_reloaded_between_batches(dut):
                     _budget(bench, cfg.batch, 0.1, 0.1))
 
 
-def switch_groups(config):
-    """Leaves per root child form a switch group (one group for a one-level tree)."""
-    return config.fanouts[0] if len(config.fanouts) > 1 else 1
+@cocotb.test()
+async def test_weights_stream_while_the_batch_computes(dut):
+    """Double buffering in the layer, with gaps on every input (each switch group's weight
+    port, the assignments) and stalls on y: every chiplet's slots assigned, then the batch
+    dispatched at once while each group streams its chiplets' experts in, the heaviest first;
+    twice, with new weights: y bit-exact, each chiplet's tokens as routed."""
+    bench = await _setup(dut, "stream", 0.3, 0.3)
+    cfg = bench.cfg
+    for _ in range(2):
+        tokens = [bench.random_x() for _ in range(min(cfg.batch + 2, 1 << cfg.token_width))]
+        bench.clear_counts()
+        out, _ = await bench.stream(bench.random_model(), tokens, dram=False)
+        await bench.finish(_budget(bench, len(tokens), 0.3, 0.3))
+        assert bench.leaf_tokens == out["chiplet_tokens"]
 
 
 @cocotb.test()
@@ -333,11 +409,11 @@ async def test_throughput(dut):
                                               cfg.in_width, cfg.w_width)
     base = dataclasses.replace(bench.random_model(), wg=wg)
     runs, wall, edges = {}, 0.0, 0
-    tables = golden.placements(base, tokens, cfg.leaves, switch_groups(cfg))
+    tables = golden.placements(base, tokens, cfg.leaves, cfg.switch_groups)
     for name, table in tables.items():
-        bench.sources["weights"].sent_edges.clear()
+        bench.clear_weight_edges()
         await bench.configure(dataclasses.replace(base, placement=bench.with_shared(table)))
-        loads = bench.sources["weights"].sent_edges
+        loads = bench.weight_edges()
         load_cycles = loads[-1] - loads[0] + 1
         assert len(loads) == bench.loaded_beats
         bench.clear_counts()
@@ -370,13 +446,18 @@ async def test_throughput(dut):
         metrics["r_clustered"] = runs["clustered"]["replication"]
         metrics["cycles_clustered"] = runs["clustered"]["cycles"]
         metrics["of_bound_clustered"] = runs["clustered"]["of_bound"]
-    # The cost of streaming the weights in first: the same batch with every expert's weights
-    # read from one DDR4-3200 channel just before it (round-robin placement).
-    bench.sources["weights"].sent_edges.clear()
+    # The cost of streaming the weights (round-robin placement), each switch group's from its
+    # DDR4-3200 channel: first all of them, then the batch; then double-buffered, the batch
+    # dispatched at once while each chiplet's experts stream in, the heaviest first (and, to
+    # compare, the lightest first).
+    model = dataclasses.replace(base, placement=bench.with_shared(tables["round_robin"]))
+    await bench.configure(model, weights=False)
+    bench.clear_weight_edges()
     began_load = edge_now() + 1
-    await bench.configure(dataclasses.replace(base, placement=bench.with_shared(
-        tables["round_robin"])), dram=True)
-    loads = bench.sources["weights"].sent_edges
+    bench.send_loads(bench.resident_loads(model), dram=True)
+    await wait_for(dut, lambda: len(bench.weight_edges()) == bench.loaded_beats,
+                   _budget(bench, len(tokens)), "the weights")
+    loads = bench.weight_edges()
     bench.clear_counts()
     bench.expected.clear()
     bench.y.received.clear()
@@ -384,10 +465,19 @@ async def test_throughput(dut):
     await bench.finish(_budget(bench, len(tokens)))
     metrics["ddr4_weight_load_cycles"] = loads[-1] - began_load + 1
     metrics["streamed_cycles"] = bench.y.received[-1][0] - began_load + 1
-    # Operations: the experts' MACs and the gate's (D x E a token) of the three batches.
-    batches = [*runs.values(), main]
+    for order, key in (("heaviest", "overlapped_cycles"),
+                       ("lightest", "overlapped_lightest_first_cycles")):
+        bench.clear_counts()
+        _, began = await bench.stream(model, tokens, order)
+        await bench.finish(_budget(bench, len(tokens)))
+        metrics[key] = bench.y.received[-1][0] - began + 1
+    # Double buffering beats loading first (the batch computes while the weights arrive).
+    assert metrics["overlapped_cycles"] < metrics["streamed_cycles"], metrics
+    # Operations: the experts' MACs and the gate's (D x E a token) of the five batches.
+    batches = [*runs.values(), main, main, main]
     macs = sum(sum(run["chiplet_macs"]) for run in batches) \
         + len(batches) * len(tokens) * cfg.d_model * cfg.experts
     write_throughput(metrics, f"a {count}-token balanced batch, weights resident, round-robin "
-                     "placement; streamed: the weights read from one DDR4-3200 channel first",
+                     "placement; streamed: the weights read from a DDR4-3200 channel per "
+                     "switch group, first or (overlapped) while the batch computes",
                      edges / wall, placements=runs, operations=macs)

@@ -234,6 +234,65 @@ def test_chiplet_schedule_counts_one_visit_per_slot_and_grows_with_groups():
     assert golden.chiplet_batch_edges([4, 0], shape, 4) == one   # one full group: same time
 
 
+def test_a_slot_still_loading_delays_its_own_groups_and_no_others():
+    shape = golden.ChipletShape(d_model=8, d_ff=8, rows=4, cols=4, arrays=2)
+    resident = golden.chiplet_batch_edges([5, 3], shape, 8)
+    # Weights in before the planner reaches the slot: no change.
+    assert golden.chiplet_batch_edges([5, 3], shape, 8, loaded=[-50, 0]) == resident
+    # Slot 1 loaded late: its groups start the edge after its last beat; the wait is paid
+    # once, so every later edge moves by the same amount.
+    late = [golden.chiplet_batch_edges([5, 3], shape, 8, loaded=[None, edge])["done"]
+            for edge in (400, 401, 450)]
+    assert late[1] == late[0] + 1 and late[2] == late[0] + 50
+    assert late[0] > resident["done"]
+    # Slot 0 late: nothing can start before it.
+    first = golden.chiplet_batch_edges([5, 3], shape, 8, loaded=[300, None])
+    assert first["done"] - 300 == golden.chiplet_batch_edges([5, 3], shape, 8,
+                                                             loaded=[301, None])["done"] - 301
+    # While slot 1 loads, slot 0's last group finishes (its down phase is not held back
+    # behind slot 1's first gate/up): after a long wait the batch ends as slot 1 alone would.
+    assert golden.chiplet_batch_edges([4, 4], shape, 8, loaded=[None, 200]) \
+        ["done"] == golden.chiplet_batch_edges([0, 4], shape, 4, loaded=[None, 200])["done"]
+
+
+def test_stream_order_puts_each_chiplets_heaviest_expert_first():
+    model = _model(4, 4, 3, k=1, placement=[0, 1, 0, 1])
+    tokens = _tokens(15, 4, seed=3)
+    out = golden.layer(model, tokens)
+    counts = [sum(e in experts for experts in out["experts"]) for e in range(4)]
+    assert counts == [2, 1, 8, 4]                         # the later expert heavier on both
+    order = golden.stream_order(model, tokens, 2, 3)
+    assert order == [[2, 0, None], [3, 1, None]]
+    for leaf in range(2):
+        mine = [e for e in order[leaf] if e is not None]
+        assert sorted(mine) == [e for e in range(4) if model.placement[e] == leaf]
+        assert [counts[e] for e in mine] == sorted((counts[e] for e in mine), reverse=True)
+        assert order[leaf][-1] is None                    # 3 slots, 2 experts
+    light = golden.stream_order(model, tokens, 2, 3, heaviest_first=False)
+    for leaf in range(2):
+        assert [counts[e] for e in light[leaf] if e is not None] == sorted(
+            counts[e] for e in light[leaf] if e is not None)
+    # Counting each chiplet's first batch only: its first 2 tokens here (experts 2 and 0 on
+    # leaf 0, a tie: the lower id first; 3 and 3 on leaf 1).
+    assert [e for experts in out["experts"] for e in experts if e in (0, 2)][:2] == [2, 0]
+    assert golden.stream_order(model, tokens, 2, 2, batch=2) == [[0, 2], [3, 1]]
+
+
+def test_layer_has_a_weight_port_per_switch_group():
+    block = get_block("moe_layer")
+    params = {"experts": 4, "fanouts": (2, 3), "slots": 1, "d_model": 2, "d_ff": 2, "lanes": 2,
+              "rows": 1, "cols": 1, "arrays": 1, "batch": 1}
+    config = block.config(**params)
+    assert (config.switch_groups, config.group_leaves) == (2, 3)
+    assert block.config(**{**params, "fanouts": (6,)}).switch_groups == 1
+    info = generate(block, config, "build/test-moe-layer-ports")[2]
+    widths = {port["name"]: port["width"] for port in info["ports"]}
+    # leaf in the group (2 bits for 3), slot (1), expert (2), one 8-bit weight, last
+    assert widths["weights__0__payload"] == widths["weights__1__payload"] == 2 + 1 + 2 + 8 + 1
+    assert "weights__2__payload" not in widths
+    assert widths["assign__payload"] == 3 + 1 + 2            # leaf of 6, slot, expert
+
+
 # The defaults (2 token banks); odd sizes everywhere (3 slots, D=5, F=3, 2 lanes, a 3x2 tile
 # of 3 arrays, a batch of 5, a queue of 2 packets, 2 header flits, 3 token banks); the
 # smallest corner (1 of everything, 2-bit elements, no queue, one token bank); a tall narrow
@@ -251,7 +310,7 @@ CHIPLET_CONFIGS = [
     {"experts": 4, "k": 2, "slots": 4, "d_model": 4, "d_ff": 6, "lanes": 4, "rows": 6,
      "cols": 3, "arrays": 1, "batch": 7, "shift_g": 3, "gate_shift": 5},
 ]
-CHIPLET_COCOTB_TESTS = 11
+CHIPLET_COCOTB_TESTS = 13
 
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
@@ -323,7 +382,7 @@ LAYER_CONFIGS = [
      "data_width": 8, "acc_width": 20, "combine_width": 20, "score_shift": 3,
      "token_banks": 1},
 ]
-LAYER_COCOTB_TESTS = 9
+LAYER_COCOTB_TESTS = 10
 
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
