@@ -395,6 +395,73 @@ async def test_weights_stream_while_the_batch_computes(dut):
 
 
 @cocotb.test()
+async def test_scores_at_the_rounding_edge(dut):
+    """Every expert's raw score one below half a code step or exactly on it (x all ones, W_g
+    made so): of experts 2j and 2j+1 one scores 2**(score_shift-1) - 1 and the other
+    2**(score_shift-1) above j code steps, and then the other way round, with partial sums of
+    both parities. A score accumulator, its rounding or its saturation off by one moves
+    a code: a chosen expert's gate weight (a random gate table) or, where the move makes or
+    breaks a tie at the k-th place (ties go to the lower index), the routing; hence y."""
+    bench = await start_bench(LayerBench, dut, "rounding")
+    cfg = bench.cfg
+    step = 1 << cfg.score_shift
+    _, high = signed_limits(cfg.w_width)
+    for phase in range(2):
+        columns = []
+        for expert in range(cfg.experts):
+            target = step // 2 - 1 + (expert + phase) % 2 + (expert // 2) * step
+            target = min(target, cfg.d_model * (high - 1))  # (small widths: as far as it goes)
+            weights = [target // cfg.d_model + (d < target % cfg.d_model)
+                       for d in range(cfg.d_model)]
+            # partial sums of both parities: +1 -1 in pairs, then +1 first and -1 last
+            pairs = [(d, d + 1) for d in range(0, cfg.d_model - 1, 2)]
+            for up, down in pairs if phase == 0 else [(0, cfg.d_model - 1)] * (cfg.d_model > 1):
+                weights[up] += 1
+                weights[down] -= 1
+            columns.append(weights)
+        wg = [[columns[e][d] for e in range(cfg.experts)] for d in range(cfg.d_model)]
+        await bench.configure(dataclasses.replace(bench.random_model(), wg=wg))
+        tokens = [[1] * cfg.d_model] * cfg.batch + [bench.random_x() for _ in range(2)]
+        bench.clear_counts()
+        counts = await bench.run(tokens, _budget(bench, len(tokens)))
+        assert bench.leaf_tokens == counts
+
+
+@cocotb.test()
+async def test_misuse(dut):
+    """A weight beat for a leaf past its switch group's chiplets, and an assignment for a leaf
+    past the layer's, are taken, dropped and set the sticky error (where the field can hold
+    such a leaf: not with power-of-two counts, as in the defaults); after a reset (and the
+    router's table written again) the weights are as they were: y exact."""
+    bench = await _setup(dut, "misuse")
+    cfg = bench.cfg
+    lanes = cfg.chiplet_config().schedule.weight_lanes
+
+    def field_holds_more(count):
+        return count < 1 << max(1, (count - 1).bit_length())
+    cases = []
+    if field_holds_more(cfg.group_leaves):
+        cases.append(("weights__0", {"leaf": cfg.group_leaves, "slot": 0, "expert": 0,
+                                     "data": [1] * lanes, "last": 1}))
+    if field_holds_more(cfg.leaves):
+        cases.append(("assign", {"leaf": cfg.leaves, "slot": 0, "expert": 0}))
+    for port, payload in cases:
+        assert not dut.error.value
+        bench.sources[port].send(payload)
+        await wait_for(dut, lambda: bench.sources[port].idle, 50, f"{port} taken")
+        await ClockCycles(dut.clk, 2)
+        assert dut.error.value == 1, f"{port}: a leaf that does not exist did not set error"
+        await bench.reset(3)
+        for expert, leaf in enumerate(bench.model.placement[:cfg.experts]):
+            bench.sources["table"].send({"expert": expert, "leaf": leaf})
+        await wait_for(dut, lambda: bench.sources["table"].idle, 50 * cfg.experts + 200,
+                       "table")
+        bench.y.received.clear()
+        await bench.run([bench.random_x() for _ in range(cfg.batch)],
+                        _budget(bench, cfg.batch))
+
+
+@cocotb.test()
 async def test_throughput(dut):
     """A balanced 64-token batch (fewer if 2**token_width is) with co-activation structure
     (``golden.moe_layer.community_workload``), every port ready, weights resident, under
