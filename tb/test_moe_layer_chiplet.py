@@ -489,6 +489,35 @@ async def test_weights_stream_under_stalls(dut):
 
 
 @cocotb.test()
+async def test_reset_while_weights_stream(dut):
+    """Reset while a batch waits for its weights and slot 0's load is half done: nothing
+    stale after; the slots keep their assigned experts (slot 0 not loaded), and the batch,
+    sent again with every slot's weights, computes with them: y exact."""
+    bench = await _setup(dut, "stream-reset", 0.2, 0.2)
+    cfg = bench.cfg
+    experts, weights = _stream_setup(bench)
+    await wait_for(dut, lambda: bench.sources["assign"].idle, _budget(bench, 1), "assigned")
+    for _ in range(cfg.batch):
+        bench.send_token(bench.random_x(), _choosing(bench, experts[0]))
+    sent = bench.sources["weights"].sent_edges
+    sent.clear()
+    bench.load(0, experts[0], weights[0])
+    half = max(1, bench.shape.expert_beats // 2)
+    await wait_for(dut, lambda: len(sent) >= half, _budget(bench, cfg.batch, 0.2, 0.2),
+                   "half a load")
+    await bench.reset(3)
+    assert not dut.up__valid.value and not dut.error.value
+    assert not bench.up.received
+    bench.board.expected.clear()
+    for _ in range(cfg.batch):
+        bench.send_token(bench.random_x(), _choosing(bench, experts[0]))
+    for slot in range(cfg.slots):
+        bench.load(slot, experts[slot], weights[slot])
+    await bench.finish(_budget(bench, cfg.batch, 0.2, 0.2))
+    assert not dut.error.value
+
+
+@cocotb.test()
 async def test_throughput(dut):
     """Every port saturated, weights resident: PE utilization of full batches (MACs of the
     chosen experts over PEs x cycles from the first flit in to the last flit out)."""

@@ -310,7 +310,7 @@ CHIPLET_CONFIGS = [
     {"experts": 4, "k": 2, "slots": 4, "d_model": 4, "d_ff": 6, "lanes": 4, "rows": 6,
      "cols": 3, "arrays": 1, "batch": 7, "shift_g": 3, "gate_shift": 5},
 ]
-CHIPLET_COCOTB_TESTS = 13
+CHIPLET_COCOTB_TESTS = 14
 
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
