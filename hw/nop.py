@@ -38,7 +38,7 @@ from golden import nop as golden
 from hw.fparith import fp_add
 from hw.params import (ConfiguredComponent, choice_param, int_list_param, int_param, param_error,
                        validate)
-from hw.pipeline import or_tree
+from hw.pipeline import SkidSlice, or_tree
 from hw.registry import Block, register
 
 __all__ = ["FlitParams", "NopConfig", "NopSwitchConfig", "NopSwitch", "NopTree", "down_layout",
@@ -731,7 +731,16 @@ class NopTree(ConfiguredComponent):
         return m
 
     def _link(self, m, link, sender, receiver, direction):
-        """A switch-to-switch stream; with ``fault_inject`` its flit passes through an XOR."""
+        """A switch-to-switch stream; with ``fault_inject`` its flit passes through an XOR. An
+        unchecked down link passes through a skid slice: the child's ready reaches the parent
+        a cycle later, as a register, instead of through every level below in one cycle (a
+        checked link keeps the direct ready: its nack answers the transfer in its cycle)."""
+        if direction == "down" and self.config.link_check == "none":
+            skid = SkidSlice(sender.payload.shape())
+            m.submodules[f"down_link{link}_skid"] = skid
+            wiring.connect(m, sender, skid.i)
+            wiring.connect(m, skid.o, receiver)
+            return
         if not self.config.fault_inject:
             wiring.connect(m, sender, receiver)
             return

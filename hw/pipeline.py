@@ -1,13 +1,15 @@
-"""Helpers shared by pipelined blocks: stall-able registers, the output queue, lane layouts."""
+"""Helpers shared by pipelined blocks: stall-able registers, the output queue, a skid slice,
+lane layouts."""
 
 
-from amaranth.hdl import Mux, Signal, Value, signed
-from amaranth.lib import data
+from amaranth.hdl import Module, Mux, Signal, Value, signed
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.wiring import In, Out
 
 from golden.fixed import signed_limits
 
-__all__ = ["StallPipe", "OutputQueue", "OUT_FIFO_DEPTH", "lanes_layout", "saturate", "select",
+__all__ = ["StallPipe", "OutputQueue", "SkidSlice", "OUT_FIFO_DEPTH", "lanes_layout", "saturate", "select",
            "or_tree", "sum_tree", "max_tree", "leading_one", "requant", "requant_shift",
            "requant_round"]
 
@@ -236,3 +238,37 @@ class OutputQueue:
         m.d.comb += [fifo.w_en.eq(valid), fifo.w_data.eq(payload),
                      port.valid.eq(fifo.r_rdy), port.payload.eq(fifo.r_data),
                      fifo.r_en.eq(port.ready)]
+
+
+class SkidSlice(wiring.Component):
+    """A stream slice that registers only ``ready``: a flit passes straight through while the
+    slice is empty (no added latency, one flit per cycle); one that arrives while the receiver
+    stalls is kept, and ``i.ready`` is low from the next edge until it has left. The sender's
+    ready is then a register, so a chain of stages never carries a ready combinationally from
+    its end to its start (the clock rate of a tree of switches). Written by hand:
+    amaranth.lib.stream has no register slice, and a FIFO would add a cycle of latency.
+
+    Members
+    -------
+    i : In(stream.Signature(shape))
+    o : Out(stream.Signature(shape))
+        Reset: empty (``i.ready`` high, ``o.valid`` = ``i.valid``).
+    """
+
+    def __init__(self, shape):
+        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
+
+    def elaborate(self, platform):
+        m = Module()
+        full = Signal()
+        kept = Signal.like(self.i.payload, name="kept")
+        m.d.comb += [self.i.ready.eq(~full), self.o.valid.eq(full | self.i.valid),
+                     self.o.payload.eq(Mux(full, kept, self.i.payload))]
+        # While empty, the slice copies every offered payload (its enable is then a register,
+        # not the receiver's ready); it keeps the one the receiver did not take.
+        with m.If(full):
+            with m.If(self.o.ready):
+                m.d.sync += full.eq(0)
+        with m.Else():
+            m.d.sync += [kept.eq(self.i.payload), full.eq(self.i.valid & ~self.o.ready)]
+        return m
