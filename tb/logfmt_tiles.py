@@ -14,7 +14,7 @@ BF16_INF, BF16_NAN = 0x7F80, 0x7FC0
 KINDS = ("gaussian", "heavy", "codes", "mixed")
 EDGE_KINDS = ("zeros", "signed_zeros", "constant", "single", "single_first", "single_last",
               "wide", "subnormal", "extremes", "nan", "infinity", "only_infinity", "only_nan",
-              "two_levels")
+              "two_levels", "few_levels")
 
 
 def _bf16(value):
@@ -71,4 +71,10 @@ def random_tile(rng, size, kind):
     if kind == "two_levels":    # two adjacent magnitudes: the smallest step there is
         base = rng.randrange(0x0100, 0x7F00)
         return [rng.choice([base, base + 1]) for _ in range(size)]
+    if kind == "few_levels":    # 3 to 6 adjacent magnitudes: a step below 2**13 (Q24) that
+        # the intermediate codes read (two levels encode as 1 and all ones whatever the step)
+        base = rng.randrange(0x0100, 0x7F00)
+        spread = rng.choice([2, 3, 5])
+        return [(base + rng.randrange(spread + 1)) | rng.choice([0, 0x8000])
+                for _ in range(size)]
     raise ValueError(kind)

@@ -138,7 +138,7 @@ async def test_edge_values(dut):
     """Signed zeros, subnormals times subnormals (in every lane), the largest finite values
     (accumulated until the exponent saturates where the format reaches it), exact
     cancellation, NaN, infinity times zero and infinities of both signs; scales that saturate
-    the FP32 result, make it subnormal or zero, and a NaN scale."""
+    the FP32 result, make it subnormal or zero, a NaN scale and an infinite one."""
     bench = await start_bench(DotBench, dut, "edges")
     fmt, g = bench.fmt, bench.cfg.group
     sign = 1 << (fmt.width - 1)
@@ -170,6 +170,11 @@ async def test_edge_values(dut):
     for scale in extremes:
         bench.send_dot([big] * (3 * g + 1), [one] * (3 * g + 1), [scale] * blocks,
                        [scale if scale not in (2.0 ** -140, 2.0 ** -127) else 1.0] * blocks)
+    if bench.cfg.scale_format == "fp32":
+        # An infinite scale on either side alone (E8M0's code 255 is the NaN above).
+        for a_scale, b_scale in ((math.inf, 1.0), (1.0, -math.inf)):
+            bench.send_dot([one] * (3 * g + 1), [one] * (3 * g + 1), [a_scale] * blocks,
+                           [b_scale] * blocks)
     await bench.drain()
     bench.check()
     bench.stop()

@@ -81,7 +81,8 @@ async def test_edge_tiles(dut):
     tile's first place, in its last: the range is complete only with that row), a range beyond
     2**32 (clamped), subnormals, the largest and smallest magnitudes together, a NaN (the tile's
     flag), infinities (the largest finite value), tiles of only infinities or only NaNs (with
-    zeros) and two adjacent magnitudes (the smallest step), each several times, back to back."""
+    zeros), two adjacent magnitudes (the smallest step) and a few (small steps that the codes
+    between the ends read), each several times, back to back."""
     bench = await start_bench(EncoderBench, dut, "edges")
     for kind in EDGE_KINDS:
         for _ in range(3):

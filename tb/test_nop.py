@@ -86,6 +86,8 @@ class TreeBench(StreamBench):
         self.up_link_flits = [0] * self.internal
         self.leaf_return_edges = {}        # (leaf, token) -> edge of the last return flit
         self.return_lengths = {}           # (leaf, token) -> flits returned, when not the packet's
+        self.duplicates = set()            # (leaf, token) returned twice, back to back
+        self.held_leaves = set()           # leaves holding their returns (as hold_returns)
         self._tasks = []
         for name in ("down_link_flip", "up_link_flip"):       # fault injection: none here
             if hasattr(dut, name):
@@ -146,7 +148,7 @@ class TreeBench(StreamBench):
                     due = edge_now() + self.rng.randint(*self.return_delay)
                     pending.append((due, {"token": token, "flits": current}))
                     current = []
-            if self.hold_returns:
+            if self.hold_returns or leaf in self.held_leaves:
                 continue
             ready = [p for p in pending if p[0] <= edge_now()]
             if not self.in_order:
@@ -161,16 +163,24 @@ class TreeBench(StreamBench):
                                  "last": int(index == len(output) - 1)})
                 self._queued[leaf] += len(output)
                 cocotb.start_soon(self._note_return(leaf, packet["token"], self._queued[leaf]))
+                if (leaf, packet["token"]) in self.duplicates:
+                    # The same return again, other data, right behind the first (misuse).
+                    for index in range(len(output)):
+                        source.send({"token": packet["token"], "data": self._junk_flit(),
+                                     "last": int(index == len(output) - 1)})
+                    self._queued[leaf] += len(output)
 
     def returned(self, leaf, packet):
         """What ``leaf`` returns for ``packet``: :func:`leaf_output`, cut short or padded with
         extra flits where a test set ``return_lengths`` (a misbehaving leaf)."""
         output = leaf_output(leaf, packet, self.cfg.combine_dtype)
         length = self.return_lengths.get((leaf, packet["token"]), len(output))
-        extra = [[self.rng.randint(-99, 99) if self.cfg.combine_dtype == "int" else
-                  self.rng.randrange(1 << self.cfg.acc_width) for _ in range(self.cfg.lanes)]
-                 for _ in range(max(0, length - len(output)))]
+        extra = [self._junk_flit() for _ in range(max(0, length - len(output)))]
         return (output + extra)[:length]
+
+    def _junk_flit(self):
+        return [self.rng.randint(-99, 99) if self.cfg.combine_dtype == "int" else
+                self.rng.randrange(1 << self.cfg.acc_width) for _ in range(self.cfg.lanes)]
 
     async def _note_return(self, leaf, token, sent_count):
         source = self.leaf_out[leaf]
@@ -403,8 +413,9 @@ async def test_reset_mid_packet(dut):
 
 @cocotb.test()
 async def test_protocol_misuse_sets_sticky_error(dut):
-    """A packet with an empty mask is consumed and dropped; a return for a token nobody owes is
-    dropped; both raise the sticky error, and the tree keeps working."""
+    """A packet with an empty mask is consumed and dropped; a return for a token nobody owes
+    (on each leaf in turn) is dropped; both raise the sticky error, and the tree keeps
+    working."""
     bench = _setup(dut, "misuse")
     await start_after_reset(dut, bench)
     bench.root.send({"token": 1, "mask": 0, "data": [0] * bench.cfg.lanes, "last": 1})
@@ -412,13 +423,14 @@ async def test_protocol_misuse_sets_sticky_error(dut):
     await ClockCycles(dut.clk, 3)
     assert dut.error.value == 1
     assert all(not s.received for s in bench.leaf_in)
-    await reset_dut(dut)
-    assert dut.error.value == 0
-    bench.leaf_out[0].send({"token": 9, "data": [1] * bench.cfg.lanes, "last": 1})
-    await wait_for(dut, lambda: bench.leaf_out[0].idle, 100, "stray return consumed")
-    await ClockCycles(dut.clk, 3)
-    assert dut.error.value == 1
-    assert not bench.combined.received
+    for leaf in range(bench.leaves):             # every child port's check, one at a time
+        await reset_dut(dut)
+        assert dut.error.value == 0
+        bench.leaf_out[leaf].send({"token": 9, "data": [1] * bench.cfg.lanes, "last": 1})
+        await wait_for(dut, lambda: bench.leaf_out[leaf].idle, 100, "stray return consumed")
+        await ClockCycles(dut.clk, 3)
+        assert dut.error.value == 1, f"a stray return on leaf {leaf} set no error"
+        assert not bench.combined.received
     await reset_dut(dut)
     bench.stop()
     bench = _setup(dut, "misuse-after")
@@ -456,6 +468,40 @@ async def test_wrong_length_returns_are_dropped(dut):
     await bench.drain()
     bench.check_sums()
     assert dut.error.value == 1
+
+
+@cocotb.test()
+async def test_duplicate_returns_are_dropped(dut):
+    """Every leaf returns every packet twice, the second copy (other data) right behind the
+    first: a return nobody owes any more from the edge the first one's last flit is taken, so
+    it is dropped (error), whichever slot and child it hits. P-flit packets fill every slot;
+    one leaf of each lowest switch (its last child, then its first) returns only after the
+    others' copies are in, so those copies meet slots still waiting. Every token combines
+    once with the first copies' sums."""
+    bench = _setup(dut, "duplicates", return_delay=(0, 0))
+    await start_after_reset(dut, bench)
+    cfg, span = bench.cfg, bench.fanouts[-1]
+    bench.in_order = True
+    count = min(cfg.max_inflight, 1 << cfg.token_width)
+    for late in (span - 1, 0):
+        bench.hold_returns = True
+        first = len(bench.packets)
+        for token in range(first, first + count):         # every slot, owed by every leaf
+            packet = bench.random_packet(token, mask=(1 << bench.leaves) - 1,
+                                         flits=cfg.max_flits)
+            bench.send(packet)
+            bench.duplicates |= {(leaf, packet["token"]) for leaf in range(bench.leaves)}
+        await wait_for(dut, lambda: len(bench.root.sent_edges) == sum(
+            len(p["flits"]) for p in bench.packets), 100 + 20 * count * cfg.max_flits,
+            "every packet dispatched")
+        bench.held_leaves = set(range(late, bench.leaves, span))
+        bench.hold_returns = False
+        await ClockCycles(dut.clk, 20 + 2 * count * cfg.max_flits)    # the others' copies in
+        assert len(bench.combined_packets()) == first
+        bench.held_leaves = set()
+        await bench.drain()
+        bench.check_sums()
+        assert dut.error.value == 1
 
 
 def _placement_masks(bench, clustered):

@@ -108,6 +108,59 @@ async def test_threshold_and_leak_edges(dut):
     bench.check()
 
 
+def _alternating_sums(cfg, longest=64):
+    """Integration targets whose bits alternate both ways (0b..1010, 0b..0101) and their
+    complements (negative: the sign and every bit above set), as wide as the accumulator, the
+    potential and a D_in of at most ``longest`` inputs of the largest weight allow."""
+    w_max = fixed.signed_limits(cfg.w_width)[1]
+    width = min(cfg.acc_width, cfg.v_width, (w_max * longest).bit_length() + 1) - 1
+    ones = (1 << width) - 1
+    pattern = int("10" * width, 2) & ones
+    return [pattern, pattern >> 1, ~pattern, ~(pattern >> 1)]
+
+
+def _weights_summing_to(rng, total, d_in, w_min, w_max):
+    """``d_in`` weights in [w_min, w_max] that sum to ``total``, spread at random."""
+    low, extra = divmod(total, d_in)
+    weights = [low + 1] * extra + [low] * (d_in - extra)
+    for _ in range(2 * d_in):
+        i, j = rng.randrange(d_in), rng.randrange(d_in)
+        room = min(w_max - weights[i], weights[j] - w_min)
+        if i != j and room > 0:
+            step = rng.randint(1, room)
+            weights[i] += step
+            weights[j] -= step
+    assert sum(weights) == total
+    return weights
+
+
+@cocotb.test()
+async def test_every_sum_at_the_threshold(dut):
+    """Every PE's integration sits exactly at the threshold's edge: all spikes 1, each neuron's
+    weights (random, different per neuron) summing to a target S, over every column (tokens
+    x timesteps covering the array). With Vth = S - 1 every neuron fires in every step (and
+    resets); with Vth = S none fires in its first step. S runs through alternating bit
+    patterns and their negative complements, so every accumulator bit is seen set and clear
+    and a sum one unit off, in any PE, weight register or readout, flips a spike."""
+    bench = _setup(dut, "at-threshold")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    w_min, w_max = fixed.signed_limits(cfg.w_width)
+    tokens = min(cfg.max_tokens, cfg.cols)
+    steps = -(-cfg.cols // tokens)
+    for total in _alternating_sums(cfg):
+        d_in = -(-abs(total) // w_max) + 2
+        weights = [_weights_summing_to(bench.rng, total, d_in, w_min, w_max)
+                   for _ in range(cfg.rows)]
+        spikes = [[[1] * d_in for _ in range(steps)] for _ in range(tokens)]
+        for vth in (total - 1, total):
+            bench.job(weights, spikes, vth, 0)
+    await bench.drain()
+    bench.check()
+    fired = [beat[0] for beat in bench.expected]
+    assert any(fired) and not all(fired)
+
+
 @cocotb.test()
 async def test_integration_wraps(dut):
     """Integrations past the acc_width range wrap in two's complement before the LIF step: all

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from flows.cli import main
-from flows.mutate import equivalence, run_mutation, sample, unchanged
+from flows.mutate import equivalence, proven_locally, run_mutation, sample, unchanged
 from hw.registry import get_block
 
 
@@ -90,3 +90,24 @@ def test_bad_mutate_arguments_get_one_line_and_status_2(argv, words, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1
+
+
+def test_a_bit_xored_with_a_constant_neighbour_is_proven_signal_by_signal(tmp_path):
+    """``y <= (a ? 3'b100 : 3'b000) ^ b``: XORing the select's bit 2 with its bit 0 (always 0)
+    changes the netlist but no signal: the local proof (``equiv_simple``, pair by pair) settles
+    it. XORing bit 1 with bit 2 (which is ``a``) is a real difference. A flip-flop's clock tied
+    off is never called equivalent: Yosys's SAT model steps every flip-flop whatever drives its
+    clock, so both proofs would wrongly pass it."""
+    (tmp_path / "t.v").write_text(
+        "module t(input clk, input a, input [2:0] b, output reg [2:0] y = 3'b0);\n"
+        "  always @(posedge clk) y <= (a ? 3'b100 : 3'b000) ^ b;\nendmodule\n")
+    cell = "-module t -cell $ternary$t.v:2$2 -port Y"
+    constant = f"mutate -mode cnot1 {cell} -portbit 2 -ctrlbit 0"
+    live = f"mutate -mode cnot1 {cell} -portbit 1 -ctrlbit 2"
+    clock = "mutate -mode const0 -module t -cell $procdff$5 -port CLK -portbit 0"
+    assert proven_locally(tmp_path / "t.v", "t", constant, tmp_path, 1)
+    assert equivalence(tmp_path / "t.v", "t", constant, tmp_path, 1) == "equivalent"
+    assert not proven_locally(tmp_path / "t.v", "t", live, tmp_path, 2)
+    assert equivalence(tmp_path / "t.v", "t", live, tmp_path, 2) == "different"
+    assert proven_locally(tmp_path / "t.v", "t", clock, tmp_path, 3)     # the blind spot
+    assert equivalence(tmp_path / "t.v", "t", clock, tmp_path, 3) == "undecided"

@@ -7,7 +7,7 @@ from golden import spiking_expert as golden
 from hw.params import ParamError
 from hw.spiking_expert import SpikingExpertConfig
 
-COCOTB_TESTS = 9
+COCOTB_TESTS = 10
 
 SIM_CONFIGS = [
     {"rows": 8, "cols": 16},                                   # the make demo configuration
