@@ -174,8 +174,8 @@ def unchanged(v_path, top, line, out_dir, index):
 
 def _on_clock(line):
     # Yosys's SAT model of a flip-flop steps it at every time step whatever drives its clock
-    # port, so no proof of either kind below can see a clock tied off: such a mutant is never
-    # called equivalent (the suite alone judges it).
+    # port, so neither proof below can see a clock tied off: such a mutant is "undecided"
+    # without one (the suite alone judges it).
     return " -port CLK " in f" {_applied(line)} "
 
 
@@ -214,7 +214,9 @@ def equivalence(v_path, top, line, out_dir, index, seconds=None):
     within ``SAT_STEPS`` steps or ``seconds``) for the mutation ``line`` of module ``top``."""
     if unchanged(v_path, top, line, out_dir, index):
         return "unchanged"
-    if not _on_clock(line) and proven_locally(v_path, top, line, out_dir, index, seconds):
+    if _on_clock(line):
+        return "undecided"
+    if proven_locally(v_path, top, line, out_dir, index, seconds):
         return "equivalent"
     out_dir = Path(out_dir)
     script = f"equiv{index}.ys"
@@ -233,7 +235,7 @@ def equivalence(v_path, top, line, out_dir, index, seconds=None):
                              seconds or EQUIV_SECONDS)
     except subprocess.TimeoutExpired:
         return "undecided"
-    if status == 0 and "Induction step proven: SUCCESS" in log and not _on_clock(line):
+    if status == 0 and "Induction step proven: SUCCESS" in log:
         return "equivalent"
     if "model found" in log and "FAIL" in log:
         return "different"

@@ -9,8 +9,8 @@ from amaranth.lib.wiring import In, Out
 
 from golden.fixed import signed_limits
 
-__all__ = ["StallPipe", "OutputQueue", "SkidSlice", "OUT_FIFO_DEPTH", "lanes_layout", "saturate", "select",
-           "or_tree", "sum_tree", "max_tree", "leading_one", "requant", "requant_shift",
+__all__ = ["StallPipe", "OutputQueue", "SkidSlice", "OUT_FIFO_DEPTH", "lanes_layout", "saturate",
+           "select", "or_tree", "sum_tree", "max_tree", "leading_one", "requant", "requant_shift",
            "requant_round"]
 
 # Depth of an output queue. Two entries suffice for full throughput: a pipeline writes at most
