@@ -231,6 +231,8 @@ def cmd_synth(args):
                  [(block.name, args.target + ("" if report["ram"] else " (no RAM)"),
                    report["cells"], report["flip_flops"], report["luts"], report["dsps"],
                    report["block_rams"], report["lut_rams"])]))
+    if "mapper" in report:
+        print(f"LUT mapper: {report['mapper']}")
     print(f"report: {report['json']}")
     return 0
 
@@ -253,6 +255,8 @@ def _synth_pnr(block, config, target, seed):
                   r["block_rams"], r["dsps"])]))
     print(f"critical path: {path['from']} -> {path['to']}, {path['logic_levels']} logic levels, "
           f"{path['delay_ns']} ns ({path['logic_ns']} ns in logic); seed {r['seed']}")
+    if "mapper" in r:
+        print(f"LUT mapper: {r['mapper']}")
     if "harness_flip_flops" in r:
         print(f"pin harness: {r['harness_flip_flops']} of the flip-flops are the harness's "
               "(input shift register, output registers)")

