@@ -13,7 +13,9 @@
    Mutant 0 runs first and must pass: it shows the netlist round trip changes nothing.
 4. Set aside the equivalent. A survivor whose mutation leaves the netlist as it was (a bit tied
    to the constant it already had: the RTLIL before and after is the same) is equivalent
-   without a proof. For each other survivor, Yosys builds a miter of the original and that
+   without a proof. For each other survivor, a proof signal by signal is tried first
+   (``proven_locally``: pairs of same-named nets, the unprovable ones unpaired round by round),
+   then Yosys builds a miter of the original and that
    mutant (``miter -equiv``), merges the cells the two share (``opt_merge``: what is left is
    one design and two copies of the mutated cone) and ``sat -tempinduct`` tries to prove the
    outputs equal in every cycle from the initial state (the registers' ``init`` values), for
@@ -53,6 +55,7 @@ RUN_SECONDS = 600        # wall-clock limit of one mutant's suite
 EQUIV_SECONDS = 60       # wall-clock limit of the whole-design equivalence check
 LOCAL_SECONDS = 180      # ... of the signal-by-signal one (a minute on a 4,4 NoP tree)
 LOCAL_STEPS = 5          # time steps of each signal's cone in the local proof
+LOCAL_ROUNDS = 8         # ... and its rounds of unpairing what it could not prove
 
 
 class MutationError(RuntimeError):
@@ -194,18 +197,45 @@ def proven_locally(v_path, top, line, out_dir, index, seconds=None):
     the shared initial state: every register starts at its ``init`` in both, so by induction
     over the cycles and the cones' order every pair stays equal). Each proof is a small
     problem, so this settles mutants on large blocks that the whole-design miter below cannot
-    in time (a bit XORed with a neighbour that is constant where it is read)."""
+    in time (a bit XORed with a neighbour that is constant where it is read).
+
+    A pair left unproven (the mutated net itself, and whatever it changes) is unpaired and the
+    proof run again, so the two copies of that region are compared only where it is read: at
+    the pairs downstream of it, or, if it reaches one, at an output port (then this is not a
+    proof). Until no pair is left unproven: an inner difference that no output can see (a
+    register bit nothing reads, a constant changed where a later saturation hides it) is
+    proven equivalent, which the first round alone could not do."""
     out_dir = Path(out_dir)
-    script = f"local{index}.ys"
-    (out_dir / script).write_text(
-        _gold_and_gate(v_path, top, line) + "memory_map\nopt_clean\n"
-        f"equiv_make gold gate equiv\nhierarchy -top equiv\nequiv_simple -seq {LOCAL_STEPS}\n"
-        f"equiv_status -assert\n")
-    try:
-        status, log = _yosys(script, out_dir, f"local{index}.log", seconds or LOCAL_SECONDS)
-    except subprocess.TimeoutExpired:
-        return False
-    return status == 0 and "Equivalence successfully proven!" in log
+    deadline = time.monotonic() + (seconds or LOCAL_SECONDS)
+    blacklist = out_dir / f"local{index}.blacklist"
+    unpaired = set()
+    for round_ in range(LOCAL_ROUNDS):
+        blacklist.write_text("".join(f"{name}\n" for name in sorted(unpaired)))
+        script = f"local{index}.ys"
+        (out_dir / script).write_text(
+            _gold_and_gate(v_path, top, line) + "memory_map\nopt_clean\n"
+            f"select -write local{index}.ports gold/x:*\n"
+            f"equiv_make -blacklist {blacklist.name} gold gate equiv\nhierarchy -top equiv\n"
+            f"equiv_simple -seq {LOCAL_STEPS}\nequiv_status\n")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            status, log = _yosys(script, out_dir, f"local{index}.log", left)
+        except subprocess.TimeoutExpired:
+            return False
+        if status:
+            return False
+        if "Equivalence successfully proven!" in log:
+            return True
+        names = set(re.findall(r"^\s*Unproven \$equiv \S+ (\\\S+)_gold\b", log, re.M))
+        # The ports are what the two designs are compared at: never unpaired.
+        ports = {"\\" + name.split("/", 1)[1].lstrip("\\") for name in
+                 (out_dir / f"local{index}.ports").read_text().split()}
+        if not names or names <= unpaired or names & ports:
+            return False                       # an output differs, or no progress
+        unpaired |= names
+    return False
 
 
 def equivalence(v_path, top, line, out_dir, index, seconds=None):
@@ -222,8 +252,14 @@ def equivalence(v_path, top, line, out_dir, index, seconds=None):
     script = f"equiv{index}.ys"
     (out_dir / script).write_text(
         _gold_and_gate(v_path, top, line) +
+        "memory_map\n"
+        # A register with no initial value (a memory's read-data register) starts at 0 in both
+        # copies, as in Verilator; left free, the solver starts the two copies apart and
+        # reports a difference that only that start makes (ndp_core's output FIFO, 2026-11-26).
+        # Before the miter: its -ignore_gold_x compares with x constants this would zero.
+        "setundef -zero -init gold gate\n"
         f"miter -equiv -flatten -make_assert -ignore_gold_x gold gate miter\n"
-        f"hierarchy -top miter\nmemory_map\n"
+        f"hierarchy -top miter\n"
         # Merging the cells that gold and gate share leaves one copy of the design and two of
         # the mutated cone: a problem of seconds instead of hours for the SAT solver.
         f"opt_merge -share_all\nopt_clean\n"

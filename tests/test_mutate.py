@@ -111,3 +111,20 @@ def test_a_bit_xored_with_a_constant_neighbour_is_proven_signal_by_signal(tmp_pa
     assert equivalence(tmp_path / "t.v", "t", live, tmp_path, 2) == "different"
     assert proven_locally(tmp_path / "t.v", "t", clock, tmp_path, 3)     # the blind spot
     assert equivalence(tmp_path / "t.v", "t", clock, tmp_path, 3) == "undecided"
+
+
+def test_a_difference_a_later_stage_hides_is_proven_by_unpairing_it(tmp_path):
+    """``c = a[3] ? 4'b1111 : a; y <= c[3] ? 2'b10 : c[1:0]``: tying the clamp's bit 0 to 0
+    changes ``c`` (its pair cannot be proven) but never ``y``, as ``c[3]`` is 1 wherever it
+    changed (ndp_core's requantization clamp, 2026-11-26). The local proof unpairs ``c`` and
+    proves ``y`` from both copies of its cone. Tying bit 3 to 0 reaches ``y``: not proven."""
+    (tmp_path / "t.v").write_text(
+        "module t(input clk, input [3:0] a, output reg [1:0] y = 2'b0);\n"
+        "  wire [3:0] c = a[3] ? 4'b1111 : a;\n"
+        "  always @(posedge clk) y <= c[3] ? 2'b10 : c[1:0];\nendmodule\n")
+    cell = "-module t -cell $ternary$t.v:2$1 -port B -portbit"
+    hidden, live = f"mutate -mode const0 {cell} 0", f"mutate -mode const0 {cell} 3"
+    assert proven_locally(tmp_path / "t.v", "t", hidden, tmp_path, 1)
+    assert (tmp_path / "local1.blacklist").read_text().split() == ["\\c"]
+    assert not proven_locally(tmp_path / "t.v", "t", live, tmp_path, 2)
+    assert equivalence(tmp_path / "t.v", "t", live, tmp_path, 2) == "different"
