@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import operator
 
-from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -367,37 +367,53 @@ class SpikingMoe(SisTieredComponent):
                      advance.eq(core.w.valid & core.w.ready)]
         d, col_tile, row_tile, done = tile_counter(m, advance, job.d_in, pairs, C, job.d_out,
                                                    cfg.rows, name=f"dispatch{e}")
-        # The first pair of this column tile as (routed token j, timestep t); columns step on.
-        base_j = Signal(range(cfg.max_tokens + C + 1), name=f"dispatch{e}_j")
-        base_t = Signal(range(T), name=f"dispatch{e}_t")
-        j, t = base_j, base_t
+        # Column k of this column tile holds pair p = col_tile * C + k of the core's
+        # (routed token j, timestep t) pairs: j = p // T, t = p % T (T = the job's timesteps).
+        # Kept per column in registers and stepped by C pairs at each column tile (clock rate:
+        # a chain deriving column k + 1 from column k ran 44 logic levels at C = 16, from the
+        # job's T through every column into the core's array). The constants C // T, C % T and
+        # the first tile's k // T, k % T come from tables indexed by T.
+        timesteps = range(1, T + 1)
+
+        def by_timesteps(values, shape, name):
+            value = Signal(shape, name=name)
+            m.d.comb += value.eq(select(job.timesteps - 1, [Const(v, shape) for v in values]))
+            return value
+
+        j_shape, t_shape = unsigned(bits_for(cfg.max_tokens + C)), unsigned(bits_for(T - 1))
+        step_j = by_timesteps([C // tt for tt in timesteps], j_shape, f"dispatch{e}_step_j")
+        step_t = by_timesteps([C % tt for tt in timesteps], t_shape, f"dispatch{e}_step_t")
+        col_j = [Signal(j_shape, name=f"dispatch{e}_j{k}") for k in range(C)]
+        col_t = [Signal(t_shape, name=f"dispatch{e}_t{k}") for k in range(C)]
+        first_tile = []
+        stepped = []
+        for k in range(C):
+            first_tile += [col_j[k].eq(by_timesteps([k // tt for tt in timesteps], j_shape,
+                                                    f"dispatch{e}_first_j{k}")),
+                           col_t[k].eq(by_timesteps([k % tt for tt in timesteps], t_shape,
+                                                    f"dispatch{e}_first_t{k}"))]
+            t_sum = Signal(bits_for(2 * T), name=f"dispatch{e}_tsum{k}")
+            m.d.comb += t_sum.eq(col_t[k] + step_t)
+            wrap = t_sum >= job.timesteps
+            stepped += [col_t[k].eq(Mux(wrap, t_sum - job.timesteps, t_sum)),
+                        col_j[k].eq(col_j[k] + step_j + wrap)]
         spikes = []
-        for k in range(C + 1):
-            if k:
-                # Named signals per column: nested expressions would repeat each step's
-                # operands and grow exponentially with C.
-                wrap = t == job.timesteps - 1
-                next_j = Signal.like(base_j, name=f"dispatch{e}_j{k}")
-                next_t = Signal.like(base_t, name=f"dispatch{e}_t{k}")
-                m.d.comb += [next_j.eq(Mux(wrap, j + 1, j)), next_t.eq(Mux(wrap, 0, t + 1))]
-                j, t = next_j, next_t
-            if k == C:
-                break
+        for k in range(C):
             token = Signal(token_bits, name=f"dispatch{e}_token{k}")
-            m.d.comb += token.eq(select(j, token_list))
-            spikes.append((j < count) & select(token * T + t, list(act.data)))
+            m.d.comb += token.eq(select(col_j[k], token_list))
+            spikes.append((col_j[k] < count) & select(token * T + col_t[k], list(act.data)))
         m.d.comb += [weights.addr.eq(row_tile * D + d), act.addr.eq(d),
                      core.w.valid.eq(dispatching[e]), core.s.valid.eq(dispatching[e]),
                      core.w.payload.eq(weights.data), core.s.payload.s.eq(Cat(*spikes))]
         with m.If(advance & (d == job.d_in - 1)):
             with m.If((col_tile + 1) * C >= pairs):
-                m.d.sync += [base_j.eq(0), base_t.eq(0)]
+                m.d.sync += first_tile
             with m.Else():
-                m.d.sync += [base_j.eq(j), base_t.eq(t)]
+                m.d.sync += stepped
         with m.If(done):
             m.d.sync += dispatching[e].eq(0)
         with m.If(~dispatching[e]):
-            m.d.sync += [base_j.eq(0), base_t.eq(0)]
+            m.d.sync += first_tile
 
 
 register(Block(
