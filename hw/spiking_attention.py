@@ -170,6 +170,7 @@ class SpikingAttention(SisTieredComponent):
         # The job. A column of A that reaches the A·V array needs its V beat: the whole
         # pipeline (both arrays, the generators) holds while that beat is missing.
         job = Signal(attention_command_layout(cfg))
+        vth_plus_leak = Signal(signed(cfg.v_width + 1))   # hw.spiking.lif_prepare's constant
         running, draining, error = Signal(), Signal(), Signal()
         m.d.comb += [self.busy.eq(running | draining), self.error.eq(error),
                      self.cmd.ready.eq(~running & ~draining)]
@@ -179,7 +180,8 @@ class SpikingAttention(SisTieredComponent):
                       (cmd.head_dim == 0) | (cmd.head_dim > D)):
                 m.d.sync += error.eq(1)
             with m.Else():
-                m.d.sync += [job.eq(cmd), running.eq(1)]
+                m.d.sync += [job.eq(cmd), running.eq(1),
+                             vth_plus_leak.eq(cmd.vth + cmd.vleak)]
         column = Signal(range(N))                # column m of A leaving the score arrays
         needs_v = Signal()
         m.d.comb += needs_v.eq(scores[0].column_valid & (column < job.tokens))
@@ -215,6 +217,7 @@ class SpikingAttention(SisTieredComponent):
 
         # Generators: one potential per (token, feature) of each head, over the timesteps.
         feature, step = Signal(range(D)), Signal(8)
+        first_step = Signal(init=1)     # step == 0, held in a register (clock rate)
         real = Signal()
         m.d.comb += real.eq(products[0].column_valid & (feature < job.head_dim))
         spikes = []
@@ -226,9 +229,10 @@ class SpikingAttention(SisTieredComponent):
             read, write = memory.read_port(domain="comb"), memory.write_port()
             afters = []
             for n in range(N):
-                previous = Mux(step == 0, 0, read.data[n * vw:(n + 1) * vw].as_signed())
+                previous = Mux(first_step, 0, read.data[n * vw:(n + 1) * vw].as_signed())
                 fire, after = lif_neuron(m, previous, product.values[n * pw:(n + 1) * pw]
-                                         .as_signed(), job.vth, job.vleak, vw, f"gen{h}_{n}")
+                                         .as_signed(), job.vth, job.vleak, vw, f"gen{h}_{n}",
+                                         vth_plus_leak)
                 spikes.append(fire & (n < job.tokens))
                 afters.append(after)
             m.d.comb += [read.addr.eq(feature), write.addr.eq(feature),
@@ -239,9 +243,9 @@ class SpikingAttention(SisTieredComponent):
         m.d.comb += final.eq((step == job.timesteps - 1) & (feature == job.head_dim - 1))
         with m.If(enable & products[0].column_valid):
             with m.If(products[0].column_last):
-                m.d.sync += [feature.eq(0), step.eq(step + 1)]
+                m.d.sync += [feature.eq(0), step.eq(step + 1), first_step.eq(0)]
                 with m.If(step == job.timesteps - 1):
-                    m.d.sync += [step.eq(0), draining.eq(0)]
+                    m.d.sync += [step.eq(0), first_step.eq(1), draining.eq(0)]
             with m.Else():
                 m.d.sync += feature.eq(feature + 1)
 

@@ -114,6 +114,7 @@ class SpikingExpert(SisTieredComponent):
         job = Signal(expert_command_layout(cfg))
         pair_bits = bits_for(cfg.max_tokens * 255 + C)      # pairs incl. a padded tile
         pairs = Signal(pair_bits)              # tokens * timesteps
+        vth_plus_leak = Signal(signed(vw + 1))  # the compare's constant (hw.spiking.lif_prepare)
         running, draining, error = Signal(), Signal(), Signal()
         m.d.comb += [self.busy.eq(running | draining), self.error.eq(error)]
         cmd = self.cmd.payload
@@ -124,6 +125,7 @@ class SpikingExpert(SisTieredComponent):
                 m.d.sync += error.eq(1)
             with m.Else():
                 m.d.sync += [job.eq(cmd), pairs.eq(cmd.tokens * cmd.timesteps),
+                             vth_plus_leak.eq(cmd.vth + cmd.vleak),
                              running.eq(1)]
 
         # Input side: pair the w and s beats, count d / column tile / row tile.
@@ -141,14 +143,15 @@ class SpikingExpert(SisTieredComponent):
             shape=unsigned(R * vw), depth=cfg.max_tokens, init=[])
         v_read, v_write = potentials.read_port(domain="comb"), potentials.write_port()
         pair, token, step, tile = Signal(pair_bits), Signal(8), Signal(8), Signal(16)
+        first_step = Signal(init=1)     # step == 0, held in a register (clock rate)
         real = Signal()                 # this column is a (token, timestep) pair of the job
         m.d.comb += [real.eq(column_valid & (pair < pairs)), v_read.addr.eq(token),
                      v_write.addr.eq(token)]
         fires, afters = [], []
         for i in range(R):
-            previous = Mux(step == 0, 0, v_read.data[i * vw:(i + 1) * vw].as_signed())
+            previous = Mux(first_step, 0, v_read.data[i * vw:(i + 1) * vw].as_signed())
             fire, after = lif_neuron(m, previous, integrations[i], job.vth, job.vleak, vw,
-                                     f"gen{i}")
+                                     f"gen{i}", vth_plus_leak)
             in_range = tile * R + i < job.d_out       # rows past d_out never spike
             fires.append(fire & in_range)
             afters.append(after)
@@ -159,16 +162,17 @@ class SpikingExpert(SisTieredComponent):
         with m.If(pipe.enable & column_valid):
             with m.If(column_last & ((pair + 1) >= pairs)):
                 # The row tile's last column (padding included) has left the array.
-                m.d.sync += [pair.eq(0), token.eq(0), step.eq(0), tile.eq(tile + 1)]
+                m.d.sync += [pair.eq(0), token.eq(0), step.eq(0), first_step.eq(1),
+                             tile.eq(tile + 1)]
                 with m.If((tile + 1) * R >= job.d_out):
                     m.d.sync += [draining.eq(0), tile.eq(0)]
             with m.Else():
                 m.d.sync += pair.eq(pair + 1)
                 with m.If(real):
                     with m.If(step == job.timesteps - 1):
-                        m.d.sync += [step.eq(0), token.eq(token + 1)]
+                        m.d.sync += [step.eq(0), first_step.eq(1), token.eq(token + 1)]
                     with m.Else():
-                        m.d.sync += step.eq(step + 1)
+                        m.d.sync += [step.eq(step + 1), first_step.eq(0)]
 
         out_valid = pipe.reg(real, "gen_valid")
         row = Signal(self.out.payload.shape())
