@@ -211,7 +211,7 @@ def proven_locally(v_path, top, line, out_dir, index, seconds=None):
     deadline = time.monotonic() + (seconds or LOCAL_SECONDS)
     blacklist = out_dir / f"local{index}.blacklist"
     unpaired = set()
-    for round_ in range(LOCAL_ROUNDS):
+    for _ in range(LOCAL_ROUNDS):
         blacklist.write_text("".join(f"{name}\n" for name in sorted(unpaired)))
         script = f"local{index}.ys"
         (out_dir / script).write_text(
