@@ -70,8 +70,12 @@ class PMUBench(StreamBench):
             self.expected.append((vector, valid, int(index == len(vectors) - 1)))
         self.r_costs.append(costs)
 
-    async def until_latched(self, port, budget=20000):
-        """Wait until the port's last queued job is running (the port was idle before it)."""
+    async def until_latched(self, port, budget=None):
+        """Wait until the port's last queued job is running (the port was idle before it). The
+        job before it on the port may cover the whole scratchpad (at bank_depth=65536, 524,288
+        words: far past a fixed budget), so the deadlock guard scales with the capacity."""
+        if budget is None:
+            budget = 40 * self.cfg.banks * self.cfg.bank_depth + 20000
         busy = self.dut.w_busy if port == "w" else self.dut.r_busy
         source = self.wjob if port == "w" else self.rjob
         await wait_for(self.dut, lambda: source.idle, budget, f"{port} descriptor taken")
