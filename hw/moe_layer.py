@@ -823,6 +823,16 @@ class ExpertChiplet(TieredComponent):
                      found.rows.eq(Mux(remaining > R, R, remaining)),
                      found.base.eq(slot * (shape.expert_beats * V))]
         run_members = select_rows(r_bank, members)      # [slot][position] of the run bank
+
+        def row_select(token, i, values):
+            """``values[token]`` for tile row i, whose token is a slot's member at a position
+            g + i: members are kept in arrival order and a bank fills its token slots in order,
+            so that token's index within its bank is at least i. The slots below it are left
+            out of the select (dead logic otherwise: area, and mutants no test can reach). A
+            row past the group's tokens reads a stale member; its data is masked."""
+            return or_tree([Mux(token == t, value, 0) for t, value in enumerate(values)
+                            if t % T >= i] or [Const(0)])
+
         for i in range(R):
             # `group` steps by R, so row i only ever reads positions g + i, g a multiple of R:
             # no select term (dead logic) for the positions it cannot reach.
@@ -833,8 +843,8 @@ class ExpertChiplet(TieredComponent):
                                                                          for s in range(S)]), 0)
                                            for g in range(0, T, R) if g + i < T] or [Const(0)]))
             m.d.comb += [found.token[i].eq(member),
-                         found.gate[i].eq(select(slot, [select(member, [gates[t][s]
-                                                                       for t in range(TT)])
+                         found.gate[i].eq(select(slot, [row_select(member, i, [gates[t][s]
+                                                                              for t in range(TT)])
                                                         for s in range(S)]))]
         push = Signal()
         pushed = Signal(phase_layout)
@@ -917,7 +927,8 @@ class ExpertChiplet(TieredComponent):
                      for v in range(V)]
         for i in range(R):
             row_ok = i < phase.rows
-            x_row = [select(phase.token[i], [x[t][d] for t in range(TT)]) for d in range(D)]
+            x_row = [row_select(phase.token[i], i, [x[t][d] for t in range(TT)])
+                     for d in range(D)]
             for sl in range(n):
                 x_lane = select(beat, [x_row[sl * Ks + kk] if sl * Ks + kk < D else Const(0)
                                        for kk in range(Ks)])
