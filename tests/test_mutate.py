@@ -128,3 +128,27 @@ def test_a_difference_a_later_stage_hides_is_proven_by_unpairing_it(tmp_path):
     assert (tmp_path / "local1.blacklist").read_text().split() == ["\\c"]
     assert not proven_locally(tmp_path / "t.v", "t", live, tmp_path, 2)
     assert equivalence(tmp_path / "t.v", "t", live, tmp_path, 2) == "different"
+
+
+def test_only_the_pairs_the_mutation_reaches_are_proven_and_a_difference_two_registers_on_is_found(
+        tmp_path):
+    """``r <= a[3] ? 4'b1111 : a; y <= r[3] ? 2'b10 : r[1:0]``, mutations on the select's
+    output named by cell and wire (as ``mutate -list`` writes them): the local proof gives the
+    solver only the pairs the mutated wire reaches (through unpaired nets and registers), not
+    every pair. Bit 2 is never read past ``r``: proven. Bit 3 reaches ``y`` through two
+    registers: not proven, and the whole-design check finds the difference."""
+    (tmp_path / "t.v").write_text(
+        "module t(input clk, input [3:0] a, input [3:0] b, output reg [1:0] y = 2'b0,\n"
+        "         output reg [3:0] z = 4'b0);\n"
+        "  reg [3:0] r = 4'b0;\n"
+        "  wire [3:0] c = a[3] ? 4'b1111 : a;\n"
+        "  always @(posedge clk) begin r <= c; y <= r[3] ? 2'b10 : r[1:0]; z <= b + 1; end\n"
+        "endmodule\n")
+    cell = "-module t -cell $ternary$t.v:4$1 -port Y -portbit"
+    hidden = f"mutate -mode const0 {cell} 2 -wire c -wirebit 2"
+    live = f"mutate -mode const0 {cell} 3 -wire c -wirebit 3"
+    assert proven_locally(tmp_path / "t.v", "t", hidden, tmp_path, 1)
+    checked = (tmp_path / "local1.check").read_text().split()
+    assert 0 < len(checked) < 8             # c's and r's pairs at most: never z's or y's alone
+    assert not proven_locally(tmp_path / "t.v", "t", live, tmp_path, 2)
+    assert equivalence(tmp_path / "t.v", "t", live, tmp_path, 2) == "different"
