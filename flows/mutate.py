@@ -15,10 +15,10 @@
    to the constant it already had: the RTLIL before and after is the same) is equivalent
    without a proof. For each other survivor, the whole-design check below runs briefly, then a
    proof signal by signal (``proven_locally``: pairs of same-named nets, only those the
-   mutation reaches given to the solver, the unprovable ones unpaired round by round), then the whole-design check again: Yosys builds a miter of the
-   original and that
-   mutant (``miter -equiv``), merges the cells the two share (``opt_merge``: what is left is
-   one design and two copies of the mutated cone) and ``sat -tempinduct`` tries to prove the
+   mutation reaches given to the solver, the unprovable ones unpaired round by round), then
+   the whole-design check again: Yosys builds a miter of the original and that mutant
+   (``miter -equiv``), merges the cells the two share (``opt_merge``: what is left is one
+   design and two copies of the mutated cone) and ``sat -tempinduct`` tries to prove the
    outputs equal in every cycle from the initial state (the registers' ``init`` values), for
    every input sequence, resets included. Proven: the mutant is equivalent (no test can kill
    it). A counterexample, or neither within ``SAT_STEPS`` steps and ``EQUIV_SECONDS``: it
