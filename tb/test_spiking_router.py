@@ -8,10 +8,12 @@ last token carry random values.
 import time
 
 import cocotb
+from amaranth.hdl import Shape
 from cocotb.triggers import ClockCycles
 
 from golden import fixed
 from golden import spiking_router as golden
+from hw.spiking_router import router_command_layout
 from tb.harness import load_dut_config, make_rng, write_throughput
 from tb.streams import STALL_PROFILES, JobBench, start_after_reset
 
@@ -118,7 +120,9 @@ async def test_scores_wrap(dut):
     cfg = bench.cfg
     w_min, w_max = fixed.signed_limits(cfg.w_width)
     half = 1 << (cfg.acc_width - 1)
-    d_in_max, steps_max = (1 << 16) - 1, (1 << 8) - 1      # the command's fields
+    command = router_command_layout(cfg)
+    d_in_max, steps_max = ((1 << Shape.cast(command[name].shape).width) - 1
+                           for name in ("d_in", "timesteps"))
     inputs = half // min(w_max, -w_min) + 2
     wraps = inputs <= d_in_max * steps_max
     if not wraps:
