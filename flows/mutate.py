@@ -204,9 +204,15 @@ def _mutated_seed(line):
     fields = dict(re.findall(r"-(cell|wire|port) (\S+)", line))
     if "cell" not in fields or ("wire" not in fields and fields.get("port") not in _INPUT_PORTS):
         return None
-    names = [f"{fields[kind].lstrip(chr(92))}_gate" for kind in ("cell", "wire") if kind in fields]
+    names = [fields[kind].lstrip("\\") + "_gate" for kind in ("cell", "wire") if kind in fields]
     patterns = [f"equiv/c:{names[0]}"] + [f"equiv/w:{name}" for name in names[1:]]
     return " ".join(patterns) + " %u" * (len(patterns) - 1), names
+
+
+def _selected_names(path):
+    """The object names of a ``select -write`` file (``module/name``), without the module and
+    without the escape Yosys writes before a public name that starts with $ (``\\$3478``)."""
+    return {name.split("/", 1)[1].lstrip("\\") for name in Path(path).read_text().split()}
 
 
 def proven_locally(v_path, top, line, out_dir, index, seconds=None):
@@ -278,9 +284,7 @@ def _unpairing_rounds(out_dir, index, prepared, line, deadline):
         if status:
             return False
         if seed:
-            # Yosys writes a public name that starts with $ escaped (equiv/\$3478_gate).
-            selected = {name.split("/", 1)[1].lstrip("\\") for name in
-                        (out_dir / f"local{index}.seed").read_text().split()}
+            selected = _selected_names(out_dir / f"local{index}.seed")
             checked = (out_dir / f"local{index}.check").read_text().split()
             if not set(seed[1]) <= selected or not checked:
                 seed = None                    # not the mutated cell itself: prove every pair
@@ -289,8 +293,7 @@ def _unpairing_rounds(out_dir, index, prepared, line, deadline):
             return True
         names = set(re.findall(r"^\s*Unproven \$equiv \S+ (\\\S+)_gold\b", log, re.M))
         # The ports are what the two designs are compared at: never unpaired.
-        ports = {"\\" + name.split("/", 1)[1].lstrip("\\") for name in
-                 (out_dir / f"local{index}.ports").read_text().split()}
+        ports = {"\\" + name for name in _selected_names(out_dir / f"local{index}.ports")}
         if not names or names <= unpaired or names & ports:
             return False                       # an output differs, or no progress
         unpaired |= names
