@@ -43,7 +43,8 @@ import math
 
 __all__ = ["DECODER_LATENCY", "ENCODER_STAGES", "LOG_FRAC", "STEP_FRAC", "POS_FRAC",
            "LOG_TABLE", "EXP_TABLE", "LN2_Q16", "RANGE_BINADES", "BF16_MAX", "BF16_NAN",
-           "TileParams", "bf16_log2", "tile_params", "reciprocal", "theta", "encode_element",
+           "TileParams", "bf16_log2", "tile_params", "reciprocal", "theta", "position",
+           "encode_element",
            "encode_tile", "decode_code", "decode_tile",
            "divider_bits_per_cycle", "divider_cycles", "encoder_fifo_rows", "encoder_edges"]
 
@@ -130,6 +131,15 @@ def theta(step):
     return (1 << (POS_FRAC - 1)) + ((step * LN2_Q16) >> 35)
 
 
+def position(d, step):
+    """``(pos, rest)``: the Q8 position of a log difference ``d`` (Q16, >= 0) in steps of
+    ``step`` (Q24), d * 2**16 / step with the reciprocal: pos = floor(d * recip / 2**(e + 8));
+    ``rest`` is the part cut off, as a fraction of one position unit (0 <= rest < 1)."""
+    recip, e = reciprocal(step)
+    product = d * recip
+    return product >> (e + 8), (product & ((1 << (e + 8)) - 1)) / (1 << (e + 8))
+
+
 def encode_element(code, params, bits):
     """The LogFMT code of one BF16 code in a tile of ``params``."""
     kind, sign, log = bf16_log2(code)
@@ -141,8 +151,7 @@ def encode_element(code, params, bits):
         return sign_bit
     if d < 0 or params.step == 0:
         return sign_bit | 1
-    recip, e = reciprocal(params.step)
-    pos = (d * recip) >> (e + 8)               # d * 2**16 / step: Q16 over Q24, in Q8
+    pos, _ = position(d, params.step)
     k = pos >> POS_FRAC
     if pos & ((1 << POS_FRAC) - 1) >= theta(params.step):
         k += 1

@@ -13,7 +13,8 @@ from cocotb.triggers import ClockCycles
 
 from golden import logfmt as golden
 from tb.harness import restart_bench, start_bench, write_throughput
-from tb.logfmt_tiles import EDGE_KINDS, KINDS, random_tile
+from tb.logfmt_tiles import (EDGE_KINDS, KINDS, divider_edge_tile, random_tile,
+                              rounding_edge_tile, rounding_edges)
 from tb.streams import STALL_PROFILES, PipeBench, beats_per_cycle, edge_now
 
 
@@ -36,7 +37,7 @@ class EncoderBench(PipeBench):
             self.rows += 1
 
     def random_tile(self, kinds=KINDS):
-        self.send_tile(random_tile(self.rng, self.cfg.tile, self.rng.choice(kinds)))
+        self.send_tile(random_tile(self.rng, self.cfg.tile, self.rng.choice(kinds), self.cfg.bits))
 
     async def drain(self, gap=0.0, stall=0.0):
         await self.drain_within(3 * self.rows + 4 * self.cfg.beats + 60, "every row out", gap,
@@ -82,11 +83,27 @@ async def test_edge_tiles(dut):
     2**32 (clamped), subnormals, the largest and smallest magnitudes together, a NaN (the tile's
     flag), infinities (the largest finite value), tiles of only infinities or only NaNs (with
     zeros), two adjacent magnitudes (the smallest step) and a few (small steps that the codes
-    between the ends read), each several times, back to back."""
+    between the ends read), each several times, back to back. Then, for each of the reciprocal
+    divider's comparators, steps that bring one of its comparisons within 2**12 of equality
+    from below (six: a divisor bit dropped from the comparison shows where it is 1) and from
+    above (three), where it has such comparisons; and every element that lies within
+    2**-12 of a position unit of a rounding edge (``rounding_edges``: an error in the position's
+    lowest bits, or in the comparison with theta, shows)."""
     bench = await start_bench(EncoderBench, dut, "edges")
+    cfg = bench.cfg
     for kind in EDGE_KINDS:
         for _ in range(3):
             bench.random_tile((kind,))
+    comparators = golden.divider_bits_per_cycle(cfg.tile, cfg.lanes)
+    for comparator in range(comparators):
+        for below, tiles in ((True, 6), (False, 3)):
+            for _ in range(tiles):
+                tile = divider_edge_tile(bench.rng, cfg.tile, cfg.bits, comparator, comparators,
+                                         below)
+                if tile is not None:
+                    bench.send_tile(tile)
+    for edge in rounding_edges(cfg.bits):
+        bench.send_tile(rounding_edge_tile(bench.rng, cfg.tile, edge))
     await bench.drain()
     bench.check(timed=True)
     bench.stop()

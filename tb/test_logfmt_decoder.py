@@ -38,8 +38,8 @@ class DecoderBench(PipeBench):
         """A tile of 128 elements through the golden encoder, in rows of ``lanes`` codes."""
         lanes, bits = self.cfg.lanes, self.cfg.bits
         size = -(-128 // lanes) * lanes
-        codes, params = golden.encode_tile(random_tile(self.rng, size, self.rng.choice(kinds)),
-                                           bits)
+        tile = random_tile(self.rng, size, self.rng.choice(kinds), bits)
+        codes, params = golden.encode_tile(tile, bits)
         for start in range(0, size, lanes):
             self.send(codes[start:start + lanes], params, start + lanes == size)
 

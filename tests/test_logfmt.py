@@ -179,3 +179,53 @@ def test_random_tiles_are_reproducible():
     from tb.logfmt_tiles import EDGE_KINDS, KINDS, random_tile
     for kind in KINDS + EDGE_KINDS:
         assert random_tile(random.Random(1), 16, kind) == random_tile(random.Random(1), 16, kind)
+
+
+def test_divider_edges_are_found_by_a_long_division():
+    """``divider_gap`` against the restoring division written out: floor(2**48 / N) one
+    quotient bit at a time, the doubled remainder compared with N."""
+    from tb.logfmt_tiles import divider_gap
+    rng = random.Random(3)
+    for _ in range(200):
+        step = rng.randrange(1, 1 << 23)
+        divisor = step << (24 - step.bit_length())
+        remainder, comparisons = 1 << 22, []
+        for _ in range(26):
+            remainder *= 2
+            comparisons.append(remainder - divisor)
+            if remainder >= divisor:
+                remainder -= divisor
+        for comparators in (1, 2, 26):
+            for comparator in range(comparators):
+                mine = [j for j in range(26) if j % comparators == comparator]
+                below_bits = [j for j in mine if j != 1]
+                below_bits = [j for j in below_bits if j < 13] or below_bits
+                above_bits = [j for j in mine if j != 0]
+                above_bits = [j for j in above_bits if j < 13] or above_bits
+                below = [-c for j, c in enumerate(comparisons) if j in below_bits and c < 0]
+                above = [c for j, c in enumerate(comparisons) if j in above_bits and c >= 0]
+                assert divider_gap(step, comparator, comparators) == min(below, default=None)
+                assert (divider_gap(step, comparator, comparators, below=False)
+                        == min(above, default=None))
+
+
+def test_rounding_edges_sit_on_the_edge():
+    """Each ``rounding_edges`` element, in its tile moved to another binade, has an exact
+    position d * 2**16 / step (Q8 units, as a fraction) within 1/64 of a unit of a rounding
+    edge k * 256 + theta (the reciprocal's truncation moves a position by up to pos * 2**-24,
+    less than 1/128 of a unit at 510 levels)."""
+    from fractions import Fraction
+    from tb.logfmt_tiles import rounding_edge_tile, rounding_edges
+    for bits in (8, 10):
+        edges = rounding_edges(bits)
+        assert len(edges) >= 8
+        for edge in edges:
+            tile = rounding_edge_tile(random.Random(1), 16, edge)
+            params = lf.tile_params(tile, bits)
+            moved = {abs(lf.bf16_log2(code)[2] - params.lo) for code in tile} - {0}
+            d = lf.bf16_log2(edge[2])[2] - lf.bf16_log2(edge[0])[2]
+            assert d in moved and params.step
+            exact = Fraction(d << 16, params.step)
+            theta = lf.theta(params.step)
+            k = round((exact - theta) / 256)
+            assert abs(exact - (256 * k + theta)) < Fraction(1, 64), (edge, float(exact))
