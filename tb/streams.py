@@ -85,6 +85,19 @@ class PeriodicPauses(Pauses):
         return self._cycle < self.length
 
 
+class HeldPauses(Pauses):
+    """Pause every cycle until ``release()``: a port held for as long as a test needs."""
+
+    def __init__(self):
+        self.held = True
+
+    def release(self):
+        self.held = False
+
+    def next(self):
+        return self.held
+
+
 def pause_fraction(spec):
     """The long-run fraction of cycles a pause spec (as :func:`pauses` reads it) pauses, for
     sizing a test's cycle budget."""

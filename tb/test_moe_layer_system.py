@@ -16,7 +16,8 @@ from golden import ndp as golden_ndp
 from golden.dram import Ddr4Stream
 from golden.fixed import signed_limits
 from tb.harness import load_dut_config, start_bench, write_throughput
-from tb.streams import STALL_PROFILES, StreamBench, edge_now, pause_fraction, wait_for
+from tb.streams import (STALL_PROFILES, HeldPauses, StreamBench, edge_now, pause_fraction,
+                        wait_for)
 
 def inputs(config):
     """Every input port: the switch groups' weight ports are ``weights__<g>``."""
@@ -324,6 +325,30 @@ async def test_random_stalls(dut, gap, stall):
     bench = await _setup(dut, f"stalls:{gap}:{stall}", gap, stall)
     tokens = [bench.random_x() for _ in range(2 * bench.cfg.batch + 1)]
     await bench.run(tokens, _budget(bench, len(tokens), gap, stall))
+
+
+@cocotb.test()
+async def test_y_held_until_the_layer_is_full(dut):
+    """y not ready at all while more tokens arrive than the layer can hold (max_inflight, and
+    two batches per chiplet, and more): every switch's in-flight slots and the chiplets'
+    queues fill, the layer stops taking x and sends no y; released, every token's y is
+    bit-exact, none lost or doubled."""
+    held = HeldPauses()
+    bench = await _setup(dut, "held", 0.0, held)
+    cfg = bench.cfg
+    sent = min(cfg.max_inflight + 2 * cfg.batch * cfg.leaves + 8, 1 << cfg.token_width)
+    bench.send_tokens([bench.random_x() for _ in range(sent)])
+    x_beats = bench.sources["x"].sent_edges
+    taken, quiet, waited = -1, 0, 0
+    while quiet < 4 * cfg.batch_wait + 400:             # x has stopped (or every token is in)
+        await ClockCycles(dut.clk, 50)
+        quiet = quiet + 50 if len(x_beats) == taken else 0
+        taken, waited = len(x_beats), waited + 50
+        assert waited < _budget(bench, sent), "x neither stopped nor finished"
+    assert not bench.y.received, "y moved while not ready"
+    dut._log.info(f"held: {taken // cfg.x_flits} of {sent} tokens taken")
+    held.release()
+    await bench.finish(_budget(bench, sent))
 
 
 @cocotb.test()

@@ -382,7 +382,7 @@ LAYER_CONFIGS = [
      "data_width": 8, "acc_width": 20, "combine_width": 20, "score_shift": 3,
      "token_banks": 1},
 ]
-LAYER_COCOTB_TESTS = 12
+LAYER_COCOTB_TESTS = 13
 
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
