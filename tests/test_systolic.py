@@ -28,7 +28,6 @@ SIM_CONFIGS = [
     ("systolic", {"rows": 4, "cols": 2, "dataflow": "ws", "in_width": 16, "acc_width": 24}),
     ("systolic_tile", {"rows": 2, "cols": 3, "arrays": 3}),
     ("systolic_tile", {"rows": 3, "cols": 2, "arrays": 4, "acc_width": 14}),
-    ("systolic_tile", {"rows": 2, "cols": 2, "arrays": 1}),
     # Floating point (seed 003 §3.1): a BF16 tile of three 2x1 arrays (an FP32 adder tree with
     # a pass-through), 23 fraction bits, promoted every 2 elements, E8M0 scales (fp_dot's
     # tests cover the same accumulator with FP32 scales; the sweep has E4M3 and E5M2 arrays).
@@ -46,6 +45,9 @@ SWEEP_CONFIGS = [
     ("systolic", {"rows": 16, "cols": 3, "dataflow": "os", "in_width": 16, "acc_width": 40}),
     ("systolic", {"rows": 7, "cols": 9, "dataflow": "ws"}),
     ("systolic_tile", {"rows": 4, "cols": 4, "arrays": 5}),
+    # One array (the range's end; moved here for make test's time budget: the tiles of 3 and
+    # 4 arrays run the same tests there).
+    ("systolic_tile", {"rows": 2, "cols": 2, "arrays": 1}),
 ]
 
 
