@@ -82,7 +82,8 @@ async def test_tiled_jobs(dut, gap, stall):
     bench = _setup(dut, f"tiled{gap}{stall}", gap=gap, stall=stall)
     await start_after_reset(dut, bench)
     R, C, max_tokens = bench.cfg.rows, bench.cfg.cols, bench.cfg.max_tokens
-    shapes = [(3, 1, 1, 1), (C + 2, R, 2, 2), (2 * C, R + 1, min(3, max_tokens), C // 2 + 1),
+    shapes = [(3, 1, 1, 1), (C + 2, R, min(2, max_tokens), 2),
+              (2 * C, R + 1, min(3, max_tokens), C // 2 + 1),
               (1, 2 * R + 1, 1, 3), (5, max(1, R - 1), min(max_tokens, 2), 1)]
     for d_in, d_out, tokens, steps in shapes:
         bench.job(*bench.random_job(d_in, d_out, tokens, steps))
@@ -93,17 +94,24 @@ async def test_tiled_jobs(dut, gap, stall):
 @cocotb.test()
 async def test_threshold_and_leak_edges(dut):
     """All-ones spikes with equal weights: integration exactly at Vth (no spike), one above
-    (spike, reset), a negative leak charging, a large leak keeping V negative."""
+    (spike, reset), a negative leak charging, a large leak keeping V negative; values clamped
+    to what V's and the weights' widths hold (at the narrowest the edges fold together)."""
     bench = _setup(dut, "edges")
     await start_after_reset(dut, bench)
     cfg = bench.cfg
     R = cfg.rows
-    d_in = 3
-    weights = [[2] * d_in for _ in range(R)]             # integration = 6 per step
+    v_min, v_max = fixed.signed_limits(cfg.v_width)
+    weight = min(2, fixed.signed_limits(cfg.w_width)[1], v_max)
+    d_in = max(1, min(3, v_max // weight))
+    step = weight * d_in                                 # integration per step: 6 by default
+    weights = [[weight] * d_in for _ in range(R)]
     spikes = [[[1] * d_in for _ in range(3)]]
-    v_max = fixed.signed_limits(cfg.v_width)[1]
-    for vth, vleak in ((6, 0), (5, 0), (11, -1), (0, 7), (min(12, v_max), 0)):
-        bench.job(weights, spikes, vth, vleak)
+
+    def fit(value):
+        return max(v_min, min(v_max, value))
+    for vth, vleak in ((step, 0), (step - 1, 0), (2 * step - 1, -1), (0, step + 1),
+                       (2 * step, 0)):
+        bench.job(weights, spikes, fit(vth), fit(vleak))
     await bench.drain()
     bench.check()
 
