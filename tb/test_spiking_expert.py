@@ -26,6 +26,7 @@ class ExpertBench(JobBench):
         self.out = self.sinks["out"]
         self.expected = []
         self.synaptic_ops = 0
+        self.w_beats = 0             # every w beat queued: the drain budget counts them all
 
     def random_job(self, d_in, d_out, tokens, steps, density=0.3, vth=None, vleak=None):
         cfg = self.cfg
@@ -51,6 +52,7 @@ class ExpertBench(JobBench):
         for w, s in golden.expert_input_beats(weights, spikes, cfg.rows, cfg.cols, pad):
             self.sources["w"].send({"w": w})
             self.sources["s"].send({"s": s})
+            self.w_beats += 1
         reference = golden.expert_reference(weights, spikes, vth, vleak, cfg.acc_width,
                                             cfg.v_width)
         self.expected += golden.expert_output_order(reference, d_out, cfg.rows)
@@ -58,7 +60,7 @@ class ExpertBench(JobBench):
 
     async def drain(self):
         await self.settle("out", len(self.expected), 60 * len(self.expected)
-                          + 20 * len(self.sources["w"].sent_edges) + 4000)
+                          + 20 * self.w_beats + 4000)
 
     def results(self):
         """Received beats as ``(spikes, token, timestep, tile, last)``."""
@@ -169,26 +171,45 @@ async def test_every_sum_at_the_threshold(dut):
     assert any(fired) and not all(fired)
 
 
+def _wrapping_length(weight, acc_width, d_in_max=(1 << 16) - 1):
+    """The smallest D_in (at most ``d_in_max``) whose sum of ``weight`` wraps to the other
+    side of zero in ``acc_width`` bits (a Vth = 0 neuron fires where the exact sum would not,
+    or the other way round), or None where no D_in the port carries can."""
+    for d_in in range(1, d_in_max + 1):
+        exact = weight * d_in
+        if (exact > 0) != (fixed.wrap(exact, acc_width) > 0):
+            return d_in
+    return None
+
+
 @cocotb.test()
 async def test_integration_wraps(dut):
     """Integrations past the acc_width range wrap in two's complement before the LIF step: all
-    spikes 1, every weight at the largest and then at the most negative value, over enough
-    inputs that the exact sum passes 2^(acc_width-1). With Vth = 0 the wrapped sum fires where
-    the exact (or a saturated) one would not, and the other way round."""
+    spikes 1, every weight at the largest and then at the most negative value, over the
+    shortest D_in whose sum wraps to the other side of zero. Each sum is pinned by two jobs,
+    Vth = V - 1 (fires) and Vth = V (does not), V the wrapped sum saturated to v_width. Where
+    no D_in the port carries can wrap (acc_width = 32), the longest sum the port carries is
+    pinned the same way, exact (a sum past 2^16, or 2^16 - 1 of weight 1)."""
     bench = _setup(dut, "wrap")
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    half = 1 << (cfg.acc_width - 1)
+    v_lo, _ = fixed.signed_limits(cfg.v_width)
     for weight in fixed.signed_limits(cfg.w_width)[::-1]:
-        d_in = half // abs(weight) + 2
-        assert d_in < 1 << 16, "a test configuration whose wrap needs a d_in the port can't carry"
+        d_in = _wrapping_length(weight, cfg.acc_width)
+        wraps = d_in is not None
+        if not wraps:                                  # a sum past 2^16, checked exact
+            d_in = min((1 << 16) - 1, (1 << 16) // abs(weight) + 1)
         weights = [[weight] * d_in for _ in range(cfg.rows)]
         spikes = [[[1] * d_in]]
-        assert abs(weight * d_in) >= half                          # the exact sum is out of range
-        wrapped = golden.expert_reference(weights, spikes, 0, 0, cfg.acc_width, cfg.v_width)
-        exact = golden.expert_reference(weights, spikes, 0, 0, 64, cfg.v_width)
-        assert wrapped != exact                                    # the wrap decides the spikes
-        bench.job(weights, spikes, 0, 0)
+        potential = fixed.saturate(fixed.wrap(weight * d_in, cfg.acc_width), cfg.v_width)
+        assert ((potential > 0) != (weight > 0)) == wraps   # the wrap decides the spikes
+        for vth in (potential - 1, potential):
+            if vth < v_lo:
+                continue
+            expected = golden.expert_reference(weights, spikes, vth, 0, cfg.acc_width,
+                                               cfg.v_width)
+            assert expected[0][0] == [int(vth < potential)] * cfg.rows
+            bench.job(weights, spikes, vth, 0)
     await bench.drain()
     bench.check()
 
