@@ -14,9 +14,8 @@ The contract, timing and figures: docs/blocks/spiking_expert.md.
 
 import dataclasses
 
-from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Cat, Module, Signal, signed
 from amaranth.lib import data, stream
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
@@ -47,14 +46,15 @@ class SpikingExpertConfig:
     v_width : int
         Bits of a signed membrane potential, Vth and Vleak (saturates).
     max_tokens : int
-        Tokens per job (the generators keep one V word of R potentials per token).
+        Tokens per job (bounds the command's tokens field and the pair counters; the
+        generators keep one V word of R potentials, the last pair's).
     """
     rows: int = int_param(16, 1, 32, "R, PE rows (output neurons per tile)")
     cols: int = int_param(16, 1, 128, "C, PE columns ((token, timestep) pairs per tile)")
     w_width: int = int_param(8, 2, 16, "bits of a signed weight")
     acc_width: int = int_param(16, 4, 32, "bits of a synaptic integration (wraps)")
     v_width: int = int_param(16, 2, 32, "bits of a membrane potential, Vth and Vleak")
-    max_tokens: int = int_param(16, 1, 256, "tokens per job (one V word per token)")
+    max_tokens: int = int_param(16, 1, 256, "tokens per job (a bound on the command)")
 
     def __post_init__(self):
         validate(self)
@@ -114,6 +114,13 @@ class SpikingExpert(SisTieredComponent):
         job = Signal(expert_command_layout(cfg))
         pair_bits = bits_for(cfg.max_tokens * 255 + C)      # pairs incl. a padded tile
         pairs = Signal(pair_bits)              # tokens * timesteps
+        # pairs - 1 and timesteps - 1, latched with the command, and the compares of the column
+        # counters below against them kept in registers beside the counters: a subtractor into
+        # a compare into the enables and selects of every V bit held the block below 100 MHz.
+        last_pair, last_step = Signal(pair_bits), Signal(8)
+        # pair <= last_pair, pair >= last_pair
+        in_job, at_end = Signal(init=1), Signal()
+        last_of_token = Signal()    # step == last_step, likewise kept beside step
         vth_plus_leak = Signal(signed(vw + 1))  # the compare's constant (hw.spiking.lif_prepare)
         running, draining, error = Signal(), Signal(), Signal()
         m.d.comb += [self.busy.eq(running | draining), self.error.eq(error)]
@@ -125,6 +132,10 @@ class SpikingExpert(SisTieredComponent):
                 m.d.sync += error.eq(1)
             with m.Else():
                 m.d.sync += [job.eq(cmd), pairs.eq(cmd.tokens * cmd.timesteps),
+                             last_pair.eq(cmd.tokens * cmd.timesteps - 1),
+                             last_step.eq(cmd.timesteps - 1),
+                             at_end.eq(cmd.tokens * cmd.timesteps == 1),
+                             last_of_token.eq(cmd.timesteps == 1),
                              vth_plus_leak.eq(cmd.vth + cmd.vleak),
                              running.eq(1)]
 
@@ -138,41 +149,42 @@ class SpikingExpert(SisTieredComponent):
         array, integrations = self.feed_sis_array(m, pipe, take, first, last)
         column_valid, column_last = array.column_valid, array.column_last
 
-        # Top tier: spike generators. One V word (R potentials) per token of this row tile.
-        m.submodules.potentials = potentials = Memory(
-            shape=unsigned(R * vw), depth=cfg.max_tokens, init=[])
-        v_read, v_write = potentials.read_port(domain="comb"), potentials.write_port()
+        # Top tier: spike generators. Pairs arrive in (token, timestep) order, timestep
+        # fastest, so a neuron's V at step t > 0 is the one its previous pair left: one V word
+        # of R potentials in a register, no per-token memory (a LUT-RAM read in the LIF
+        # recurrence held the block at 89.9 MHz on ECP5). The register is cleared where a
+        # token's last step leaves (and at a tile's end), so V starts from 0 with no select.
+        held = Signal(R * vw)           # V before this column's pair, R lanes of vw bits
         pair, token, step, tile = Signal(pair_bits), Signal(8), Signal(8), Signal(16)
-        first_step = Signal(init=1)     # step == 0, held in a register (clock rate)
         real = Signal()                 # this column is a (token, timestep) pair of the job
-        m.d.comb += [real.eq(column_valid & (pair < pairs)), v_read.addr.eq(token),
-                     v_write.addr.eq(token)]
+        m.d.comb += real.eq(column_valid & in_job)
         fires, afters = [], []
         for i in range(R):
-            previous = Mux(first_step, 0, v_read.data[i * vw:(i + 1) * vw].as_signed())
-            fire, after = lif_neuron(m, previous, integrations[i], job.vth, job.vleak, vw,
-                                     f"gen{i}", vth_plus_leak)
+            fire, after = lif_neuron(m, held[i * vw:(i + 1) * vw].as_signed(), integrations[i],
+                                     job.vth, job.vleak, vw, f"gen{i}", vth_plus_leak)
             in_range = tile * R + i < job.d_out       # rows past d_out never spike
             fires.append(fire & in_range)
             afters.append(after)
-        m.d.comb += [v_write.data.eq(Cat(*[a.as_unsigned()[:vw] for a in afters])),
-                     v_write.en.eq(real & pipe.enable)]
         final = Signal()
-        m.d.comb += final.eq((pair == pairs - 1) & ((tile + 1) * R >= job.d_out))
+        m.d.comb += final.eq(in_job & at_end & ((tile + 1) * R >= job.d_out))
         with m.If(pipe.enable & column_valid):
-            with m.If(column_last & ((pair + 1) >= pairs)):
+            with m.If(column_last & at_end):
                 # The row tile's last column (padding included) has left the array.
-                m.d.sync += [pair.eq(0), token.eq(0), step.eq(0), first_step.eq(1),
+                m.d.sync += [pair.eq(0), in_job.eq(1), at_end.eq(last_pair == 0), token.eq(0),
+                             step.eq(0), last_of_token.eq(last_step == 0), held.eq(0),
                              tile.eq(tile + 1)]
                 with m.If((tile + 1) * R >= job.d_out):
                     m.d.sync += [draining.eq(0), tile.eq(0)]
             with m.Else():
-                m.d.sync += pair.eq(pair + 1)
+                m.d.sync += [pair.eq(pair + 1), in_job.eq(~at_end),
+                             at_end.eq(pair + 1 >= last_pair)]
                 with m.If(real):
-                    with m.If(step == job.timesteps - 1):
-                        m.d.sync += [step.eq(0), first_step.eq(1), token.eq(token + 1)]
+                    with m.If(last_of_token):
+                        m.d.sync += [step.eq(0), last_of_token.eq(last_step == 0),
+                                     token.eq(token + 1), held.eq(0)]
                     with m.Else():
-                        m.d.sync += [step.eq(step + 1), first_step.eq(0)]
+                        m.d.sync += [step.eq(step + 1), last_of_token.eq(step + 1 == last_step),
+                                     held.eq(Cat(*[a.as_unsigned()[:vw] for a in afters]))]
 
         out_valid = pipe.reg(real, "gen_valid")
         row = Signal(self.out.payload.shape())
@@ -193,5 +205,5 @@ register(Block(
     area_unit="PE", operation="synaptic op", area_units=lambda cfg: cfg.rows * cfg.cols,
     legend="cycles of a 2 x 2-tile job, synaptic operations per cycle vs the R x C peak",
     tiers=lambda cfg: (SpikingExpert(cfg, tier="top"), SisArray(cfg)),
-    tier_contents=("generators, V memory, control, FIFO", "the synaptic-integration array"),
+    tier_contents=("generators, V register, control, FIFO", "the synaptic-integration array"),
 ))
