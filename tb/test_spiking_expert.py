@@ -231,7 +231,8 @@ async def test_reset_mid_job(dut):
 
 @cocotb.test()
 async def test_bad_commands_set_sticky_error(dut):
-    """Zero sizes and too many tokens are dropped with a sticky error; the core keeps working."""
+    """Zero sizes and too many tokens are dropped with a sticky error; the core keeps working;
+    a reset clears the error."""
     bench = _setup(dut, "bad")
     await start_after_reset(dut, bench)
     cfg = bench.cfg
@@ -244,6 +245,8 @@ async def test_bad_commands_set_sticky_error(dut):
     await bench.drain()
     assert bench.results() == bench.expected and dut.error.value == 1, (
         "error not sticky or job wrong")
+    await bench.reset()
+    assert dut.error.value == 0 and not dut.busy.value, "error or busy survived the reset"
 
 
 @cocotb.test()
