@@ -118,7 +118,7 @@ class SpikingExpert(SisTieredComponent):
         # counters below against them kept in registers beside the counters: a subtractor into
         # a compare into the enables and selects of every V bit held the block below 100 MHz.
         last_pair, last_step = Signal(pair_bits), Signal(8)
-        # pair <= last_pair, pair >= last_pair
+        # pair <= last_pair (a real pair), pair >= last_pair (the last one, or padding after it)
         in_job, at_end = Signal(init=1), Signal()
         last_of_token = Signal()    # step == last_step, likewise kept beside step
         vth_plus_leak = Signal(signed(vw + 1))  # the compare's constant (hw.spiking.lif_prepare)
