@@ -31,7 +31,13 @@ BUFFERED_PREFIX = "test_buffered_"
 SIMULATORS = ("icarus", "verilator")
 TIMESCALE = ("1ns", "1ps")
 # Amaranth's Verilog trips Verilator's width and unused lint; none of it is a design error.
-VERILATOR_ARGS = ["-Wno-fatal", "-Wno-lint", "-Wno-style", "-Wno-MULTIDRIVEN", "-O3"]
+VERILATOR_WARNINGS = ["-Wno-fatal", "-Wno-lint", "-Wno-style", "-Wno-MULTIDRIVEN"]
+# Verilator 5.006's conditional-merging pass (V3MergeCond) is superlinear on the long
+# if-chains of the larger blocks: 40.2 of the 41.4 s that spiking_attention's default model
+# took to verilate (`verilator --stats`); without it, 2.0 s. Test builds leave it out (their
+# runs are short); `make bench`'s optimized builds, which report simulation speed, keep it.
+VERILATOR_ARGS = VERILATOR_WARNINGS + ["-O3", "-fno-merge-cond"]
+VERILATOR_OPTIMIZED_ARGS = VERILATOR_WARNINGS + ["-O3"]
 # cocotb's runner makes every signal public (--public-flat-rw), which keeps Verilator from
 # optimizing any of them; the benches touch only the top module's ports, so only those are
 # made public (a Verilator config file, `_public_ports`) and the rest is left to Verilator.
@@ -237,7 +243,8 @@ def _run_one(block, config, simulator, harness, testcase, label, *, waves, seed,
             ports = _buffered_harness(block, config, sources[0])
         build_args = []
         if simulator == "verilator":
-            build_args = VERILATOR_ARGS + (VERILATOR_PRIVATE if not waves else [])
+            build_args = ((VERILATOR_OPTIMIZED_ARGS if optimize else VERILATOR_ARGS)
+                          + (VERILATOR_PRIVATE if not waves else []))
             if not waves:
                 sources.append(_public_ports(root / f"public-{toplevel}.vlt", toplevel, ports))
         stamp = build_dir / ".moegen-stamp"

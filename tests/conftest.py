@@ -25,6 +25,15 @@ def config_id(params):
     return "-".join(f"{k}{format_value(v)}" for k, v in params.items()) or "defaults"
 
 
+def two_d_params(configs, lockstep):
+    """``configs`` as the parameters of a block's 2D cocotb run, ``configs[lockstep]`` marked
+    ``sweep``: its 3D lockstep test (``BLOCK_equiv``) runs that configuration's whole suite on
+    the 2D build's outputs, so `make test` runs it there only."""
+    return [pytest.param(params, id=config_id(params),
+                         marks=[pytest.mark.sweep] if index == lockstep else [])
+            for index, params in enumerate(configs)]
+
+
 @pytest.fixture(params=SIMULATORS)
 def simulator(request):
     return request.param

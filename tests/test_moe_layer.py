@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import config_id, run_block
+from conftest import config_id, run_block, two_d_params
 from flows.verilog import generate
 from golden import moe_layer as golden
 from golden import ndp, router
@@ -386,7 +386,7 @@ LAYER_COCOTB_TESTS = 13
 
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
-@pytest.mark.parametrize("params", LAYER_CONFIGS, ids=[config_id(p) for p in LAYER_CONFIGS])
+@pytest.mark.parametrize("params", two_d_params(LAYER_CONFIGS, 1))
 def test_layer_cocotb(params, simulator):
     assert run_block("moe_layer", params, simulator).tests == LAYER_COCOTB_TESTS
 

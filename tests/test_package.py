@@ -12,7 +12,7 @@ import pytest
 from flows import toolchain
 from flows.cli import main
 from flows.lint import classify, lint_block, lint_files
-from flows.sim import TIMESCALE, VERILATOR_ARGS
+from flows.sim import TIMESCALE, VERILATOR_ARGS, VERILATOR_WARNINGS
 
 PLAIN_MODULE = re.compile(r"^module ([^\s(]+)", re.MULTILINE)
 
@@ -65,7 +65,7 @@ def test_two_configurations_and_another_block_live_in_one_design(tmp_path):
     top = tmp_path / "compose.v"
     top.write_text(_compose_top([(a_info, "u_a"), (b_info, "u_b"), (n_info, "u_n")]))
     sources = [str(p) for p in (top, a_path, b_path, n_path)]
-    subprocess.run(["verilator", "--lint-only", *VERILATOR_ARGS[:-1], "--top-module",
+    subprocess.run(["verilator", "--lint-only", *VERILATOR_WARNINGS, "--top-module",
                     "compose", *sources], check=True, capture_output=True, text=True)
     subprocess.run(["iverilog", "-g2012", "-s", "compose", "-o", str(tmp_path / "compose.vvp"),
                     *sources], check=True, capture_output=True, text=True)

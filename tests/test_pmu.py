@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import SIMULATORS, config_id, run_block
+from conftest import SIMULATORS, config_id, run_block, two_d_params
 from golden import pmu as golden
 from hw.params import ParamError
 from hw.pmu import PMUConfig
@@ -96,7 +96,7 @@ def test_config_rejects_bad_values(kwargs, message):
 
 
 @pytest.mark.parametrize("simulator", SIMULATORS)
-@pytest.mark.parametrize("params", SIM_CONFIGS, ids=[config_id(p) for p in SIM_CONFIGS])
+@pytest.mark.parametrize("params", two_d_params(SIM_CONFIGS, 1))
 def test_cocotb(params, simulator):
     result = run_block("pmu", params, simulator)
     assert result.tests == 14  # every cocotb test of tb/test_pmu.py ran

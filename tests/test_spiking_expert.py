@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import SIMULATORS, config_id, run_block
+from conftest import SIMULATORS, config_id, run_block, two_d_params
 from golden import spiking_expert as golden
 from hw.params import ParamError
 from hw.spiking_expert import SpikingExpertConfig
@@ -52,7 +52,7 @@ def test_config_rejects_bad_values(kwargs, message):
 
 
 @pytest.mark.parametrize("simulator", SIMULATORS)
-@pytest.mark.parametrize("params", SIM_CONFIGS, ids=[config_id(p) for p in SIM_CONFIGS])
+@pytest.mark.parametrize("params", two_d_params(SIM_CONFIGS, 3))
 def test_cocotb(params, simulator):
     assert run_block("spiking_expert", params, simulator).tests == COCOTB_TESTS
 
