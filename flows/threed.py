@@ -25,7 +25,7 @@ from pathlib import Path
 from flows import toolchain
 from flows.synth import summarize, synthesize_files
 from flows.verilog import (config_key, convert, file_digest, generate, generator_digest,
-                           is_fresh, port_list, write_if_changed)
+                           is_fresh, port_list, shared_conversion, write_if_changed)
 
 __all__ = ["generate_3d", "synthesize_3d", "bond_nets", "NoTiers"]
 
@@ -134,7 +134,9 @@ def generate_3d(block, config, out_dir):
     top_ports, bottom_ports = port_list(top), port_list(bottom)
     nets = [list(net) for net in bond_nets(top_ports, bottom_ports)]
     for tier, component in (("top", top), ("bottom", bottom)):
-        write_if_changed(paths[tier], convert(component, f"{block.name}_tier_{tier}"))
+        write_if_changed(paths[tier], shared_conversion(
+            f"{stamp} {tier}", component,
+            lambda: convert(component, f"{block.name}_tier_{tier}")))
     text, bonds = _wrapper_3d(block.name, info["ports"], top_ports, nets)
     write_if_changed(paths["3d"], text)
     write_if_changed(paths["equiv"], _wrapper_equiv(block.name, info["ports"]))

@@ -5,12 +5,15 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import os
 import re
 from pathlib import Path
 
 from amaranth.back import verilog
 from amaranth.hdl import Shape
 from amaranth.lib import data, wiring
+
+from flows import toolchain
 
 __all__ = ["generate", "convert", "naming", "manifest_streams", "module_names", "IDENTIFIER", "manifest", "port_list", "config_key", "write_if_changed",
            "generator_digest", "file_digest", "is_fresh"]
@@ -178,6 +181,28 @@ def convert(component, name, prefix=None, platform=None):
     return _settle_at_time_zero(_plain_module_names(text, name, prefix or name))
 
 
+def shared_conversion(key, component, produce):
+    """The Verilog text ``produce()`` returns for ``component``, kept once in build/convert
+    under ``key`` (a stamp naming the block, its configuration, the module names and the
+    generator sources): every folder a configuration is generated into (both simulators',
+    the 3D flow's, synthesis', the tests' temporary ones) shares one conversion, as the
+    largest blocks take tens of seconds (`moe_layer`'s defaults 26 s). Written whole by
+    ``os.replace``, so a reader never sees half a file; two writers write the same text."""
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    path = toolchain.BUILD_ROOT / "convert" / f"{digest}.v"
+    if path.exists():
+        # The component was built for its ports only: Amaranth's flag that says so (or it
+        # warns that it was never elaborated).
+        component._MustUse__silence = True
+        return path.read_text()
+    text = produce()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}")
+    partial.write_text(text)
+    os.replace(partial, path)
+    return text
+
+
 def module_names(text):
     """The names of the modules a Verilog text defines, in order."""
     return _MODULE.findall(text)
@@ -253,7 +278,11 @@ def generate(block, config, out_dir, prefix=None, sram=False):
     if sram:
         from flows.sram import SramPlatform
         platform = SramPlatform()
-    text = convert(component, top, sub_prefix, platform)
+    if sram:                                   # the platform collects the macros
+        text = convert(component, top, sub_prefix, platform)
+    else:
+        text = shared_conversion(stamp, component,
+                                 lambda: convert(component, top, sub_prefix))
     info = manifest(block, config, component)
     info["top"] = top
     info["modules"] = module_names(text)
