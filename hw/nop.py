@@ -353,6 +353,9 @@ class NopSwitch(ConfiguredComponent):
         arrived = [Signal(F, name=f"slot{s}_arrived") for s in range(slots)]
         dispatched = [Signal(name=f"slot{s}_dispatched") for s in range(slots)]
         flits = [Signal(range(P + 1), name=f"slot{s}_flits") for s in range(slots)]
+        # The packet is one flit long, set beside `flits` (the clock rate: the emitter's first
+        # flit reads this bit, not a compare of the chosen slot's length).
+        single = [Signal(name=f"slot{s}_single") for s in range(slots)]
         # Length of each child's return (P + 1: longer than P). A return whose length differs
         # from the dispatched packet's is dropped: the combine leaves that child out.
         returned = [[Signal(range(P + 2), name=f"slot{s}_returned{c}") for c in range(F)]
@@ -462,7 +465,8 @@ class NopSwitch(ConfiguredComponent):
                         if checking:
                             m.d.sync += poisoned[s].eq(0)
                     with m.If(flit.last):
-                        m.d.sync += [dispatched[s].eq(1), flits[s].eq(kept_count)]
+                        m.d.sync += [dispatched[s].eq(1), flits[s].eq(kept_count),
+                                     single[s].eq(kept_count == 1)]
 
         # A child says the flit it just took failed its check: it owes nothing for that packet,
         # the slot leaves as an abort, and the rest of the packet is not sent to it.
@@ -550,6 +554,7 @@ class NopSwitch(ConfiguredComponent):
         busy = Signal()
         busy_slot = Signal(range(slots))
         busy_index = Signal(range(P))
+        busy_last = Signal()                   # the busy slot's next flit is its last
         # The next slot to leave is chosen a cycle ahead into a register (`chosen`), so the
         # round-robin pick and the buffer read are in different cycles (the clock rate): the
         # pick never offers the slot already chosen or the one leaving.
@@ -569,7 +574,9 @@ class NopSwitch(ConfiguredComponent):
             m.d.comb += length_ok[s].eq(Cat(returned[s][c] == flits[s] for c in range(F)))
         slot_used = slot_owed & Array(length_ok)[emit_slot]
         slot_token = Array(token)[emit_slot]
-        final = emit_index + 1 >= slot_flits
+        # Whether this flit ends its slot: a register or a one-bit select, so the length
+        # compare is off the path from `chosen` into `valid` and `busy` (the clock rate).
+        final = Mux(busy, busy_last, Array(single)[chosen])
         if checking:
             slot_poisoned = Array(poisoned)[emit_slot]
             final = final | slot_poisoned      # an abort is one flit
@@ -604,7 +611,8 @@ class NopSwitch(ConfiguredComponent):
                     m.d.sync += [busy.eq(0), Array(valid)[emit_slot].eq(0)]
                 with m.Else():
                     m.d.sync += [busy.eq(1), busy_slot.eq(emit_slot),
-                                 busy_index.eq(emit_index + 1)]
+                                 busy_index.eq(emit_index + 1),
+                                 busy_last.eq(emit_index + 2 >= slot_flits)]
         # Choose when nothing is chosen or the chosen slot starts leaving at this edge (it
         # enters up_out), round-robin from the slot after the last one chosen.
         starts = advance & ~busy
