@@ -311,6 +311,57 @@ async def test_combine_round_robin_slot_order(dut):
 
 
 @cocotb.test()
+async def test_combine_round_robin_from_every_pointer(dut):
+    """For every root slot i below the last: the pointer set to i + 1 (slot i the last one
+    chosen) and slots i and i + 1 completing on one edge, slot i + 1 leaves first (slot i is
+    before the pointer). Leaves in three root children: H holds the returns of slots
+    0..i-1, R1 and R2 those of slots i and i + 1 (two children: i = 0 only)."""
+    bench = _setup(dut, "round-robin-pointer", return_delay=(0, 0))
+    await start_after_reset(dut, bench)
+    cfg, span, children = bench.cfg, bench.leaves // bench.fanouts[0], bench.fanouts[0]
+    if cfg.max_inflight < 2 or children < 2:
+        return                                      # no two slots or children to order
+    first, second = 0, span
+    hold = 2 * span if children >= 3 else None
+    # i + 3 consecutive ids are in flight or just left: distinct within 2**token_width.
+    rounds = min(cfg.max_inflight - 1, (1 << cfg.token_width) - 2) if hold is not None else 1
+    token = 0
+
+    def send(leaf):
+        nonlocal token
+        token = (token + 1) % (1 << cfg.token_width)
+        bench.send(bench.random_packet(token, mask=1 << leaf, flits=1))
+        return token
+
+    def combined():
+        return [t for t, _, _ in bench.combined_packets()]
+
+    def last_token_at(leaf):
+        received = bench.leaf_in[leaf].received
+        return int(received[-1][1].token) if received else None
+
+    for i in range(rounds):
+        held = {hold} - {None}
+        bench.held_leaves = set(held)
+        for _ in range(i):                          # slots 0..i-1, held at H
+            send(hold)
+        done = len(combined())
+        send(first)                                 # slot i: returns and leaves at once
+        await wait_for(dut, lambda: len(combined()) == done + 1, 400, "slot i combined")
+        bench.held_leaves = held | {first, second}
+        a, b = send(first), send(second)            # slots i and i + 1
+        await wait_for(dut, lambda: (last_token_at(first), last_token_at(second)) == (a, b),
+                       400, "both packets at their leaves")
+        bench.held_leaves = set(held)               # R1 and R2 return on the same edges
+        await wait_for(dut, lambda: len(combined()) == done + 3, 400, "slots i, i + 1 combined")
+        assert combined()[-2:] == [b, a], \
+            f"pointer {i + 1}: slot {i + 1} (token {b}) should leave before slot {i} ({a})"
+        bench.held_leaves = set()
+        await bench.drain()
+    bench.check_sums()
+
+
+@cocotb.test()
 async def test_combine_latency_one_token_at_a_time(dut):
     """One token in flight: the combined packet leaves the root at the golden edge (each switch
     emits COMBINE_HOP_CYCLES after its last owed child's last flit)."""
@@ -338,8 +389,12 @@ async def test_random_traffic(dut, gap, stall):
     gaps and ready stalls on every port; the golden deliveries, sums and link counts."""
     bench = _setup(dut, f"random:{gap}:{stall}", gap=gap, stall=stall, return_delay=(0, 12))
     await start_after_reset(dut, bench)
-    for token in range(60):
-        bench.send(bench.random_packet(token))
+    # Ids drawn over the whole token width, so every bit of every slot's token register meets
+    # the return lookup's compare; distinct within each run of 2**token_width packets.
+    ids = list(range(1 << bench.cfg.token_width))
+    bench.rng.shuffle(ids)
+    for j in range(60):
+        bench.send(bench.random_packet(ids[j % len(ids)]))
     # Long bursts of stalls on every port: 40k cycles are enough for packets of up to 4 flits;
     # the budget grows with the longest packet (60 packets of up to 64 flits take longer).
     await bench.drain(max_cycles=40000 * max(1, bench.cfg.max_flits // 4))

@@ -31,7 +31,7 @@ TREE_CONFIGS = [
     {"fanouts": (2, 2, 2), "lanes": 1, "max_flits": 3, "max_inflight": 3,
      "link_check": "parity", "fault_inject": 1},
 ]
-COCOTB_TESTS = 14
+COCOTB_TESTS = 15
 FAULT_TESTS = 3           # tb/test_nop.py's link-fault tests, in trees with fault_inject
 SWEEP_TREE_CONFIGS = [
     {"fanouts": (4, 16), "lanes": 2, "max_flits": 2, "max_inflight": 4},
