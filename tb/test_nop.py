@@ -8,6 +8,7 @@ Every check compares against the golden model: the packets each leaf received, t
 packet of every token (exactly once), and the flits counted on every link.
 """
 
+import math
 import random
 import time
 
@@ -312,19 +313,15 @@ async def test_combine_round_robin_slot_order(dut):
 
 @cocotb.test()
 async def test_combine_round_robin_from_every_pointer(dut):
-    """For every root slot i below the last: the pointer set to i + 1 (slot i the last one
-    chosen) and slots i and i + 1 completing on one edge, slot i + 1 leaves first (slot i is
-    before the pointer). Leaves in three root children: H holds the returns of slots
-    0..i-1, R1 and R2 those of slots i and i + 1 (two children: i = 0 only)."""
+    """In every switch of the tree (the root first): for every slot i below the last, the
+    pointer set to i + 1 (slot i the last one chosen) and slots i and i + 1 completing on one
+    edge, slot i + 1 leaves first (slot i is before the pointer). Three leaves under distinct
+    children of that switch: H holds the returns of slots 0..i-1, R1 and R2 those of slots i
+    and i + 1 (two children: i = 0 only). Every token passes every switch on its way, so each
+    switch on the path has the same slots taken; a lower switch's order is the root's."""
     bench = _setup(dut, "round-robin-pointer", return_delay=(0, 0))
     await start_after_reset(dut, bench)
-    cfg, span, children = bench.cfg, bench.leaves // bench.fanouts[0], bench.fanouts[0]
-    if cfg.max_inflight < 2 or children < 2:
-        return                                      # no two slots or children to order
-    first, second = 0, span
-    hold = 2 * span if children >= 3 else None
-    # i + 3 consecutive ids are in flight or just left: distinct within 2**token_width.
-    rounds = min(cfg.max_inflight - 1, (1 << cfg.token_width) - 2) if hold is not None else 1
+    cfg = bench.cfg
     token = 0
 
     def send(leaf):
@@ -340,24 +337,39 @@ async def test_combine_round_robin_from_every_pointer(dut):
         received = bench.leaf_in[leaf].received
         return int(received[-1][1].token) if received else None
 
-    for i in range(rounds):
-        held = {hold} - {None}
-        bench.held_leaves = set(held)
-        for _ in range(i):                          # slots 0..i-1, held at H
-            send(hold)
-        done = len(combined())
-        send(first)                                 # slot i: returns and leaves at once
-        await wait_for(dut, lambda: len(combined()) == done + 1, 400, "slot i combined")
-        bench.held_leaves = held | {first, second}
-        a, b = send(first), send(second)            # slots i and i + 1
-        await wait_for(dut, lambda: (last_token_at(first), last_token_at(second)) == (a, b),
-                       400, "both packets at their leaves")
-        bench.held_leaves = set(held)               # R1 and R2 return on the same edges
-        await wait_for(dut, lambda: len(combined()) == done + 3, 400, "slots i, i + 1 combined")
-        assert combined()[-2:] == [b, a], \
-            f"pointer {i + 1}: slot {i + 1} (token {b}) should leave before slot {i} ({a})"
-        bench.held_leaves = set()
-        await bench.drain()
+    switches = [(level, base)
+                for level, children in enumerate(bench.fanouts)
+                for base in range(0, bench.leaves, bench.leaves // math.prod(bench.fanouts[:level]))]
+    for level, base in switches:
+        children = bench.fanouts[level]
+        span = bench.leaves // math.prod(bench.fanouts[:level + 1])
+        if cfg.max_inflight < 2 or children < 2:
+            continue                                # no two slots or children to order
+        first, second = base, base + span
+        hold = base + 2 * span if children >= 3 else None
+        # i + 3 consecutive ids are in flight or just left: distinct within 2**token_width.
+        rounds = min(cfg.max_inflight - 1, (1 << cfg.token_width) - 2) if hold is not None \
+            else 1
+        for i in range(rounds):
+            held = {hold} - {None}
+            bench.held_leaves = set(held)
+            for _ in range(i):                      # slots 0..i-1, held at H
+                send(hold)
+            done = len(combined())
+            send(first)                             # slot i: returns and leaves at once
+            await wait_for(dut, lambda: len(combined()) == done + 1, 400, "slot i combined")
+            bench.held_leaves = held | {first, second}
+            a, b = send(first), send(second)        # slots i and i + 1
+            await wait_for(dut, lambda: (last_token_at(first), last_token_at(second)) ==
+                           (a, b), 400, "both packets at their leaves")
+            bench.held_leaves = set(held)           # R1 and R2 return on the same edges
+            await wait_for(dut, lambda: len(combined()) == done + 3, 400,
+                           "slots i, i + 1 combined")
+            assert combined()[-2:] == [b, a], (
+                f"switch over leaves {base}.., pointer {i + 1}: slot {i + 1} (token {b}) should "
+                f"leave before slot {i} ({a})")
+            bench.held_leaves = set()
+            await bench.drain()
     bench.check_sums()
 
 
