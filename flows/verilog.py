@@ -16,7 +16,7 @@ from amaranth.lib import data, wiring
 from flows import toolchain
 
 __all__ = ["generate", "convert", "naming", "manifest_streams", "module_names", "IDENTIFIER", "manifest", "port_list", "config_key", "write_if_changed",
-           "generator_digest", "file_digest", "is_fresh"]
+           "generator_digest", "file_digest", "is_fresh", "shared_conversion"]
 
 
 def config_key(block, config, extra=""):
@@ -257,7 +257,8 @@ def generate(block, config, out_dir, prefix=None, sram=False):
 
     A folder already holding them for the same block, configuration and generator sources
     (``<block>.stamp``) is reused as it is: the simulators, synthesis and the 3D flow of one
-    configuration share one generation (the largest blocks take tens of seconds to convert).
+    configuration share one generation (the largest blocks take tens of seconds to convert),
+    and any other folder reuses the conversion itself (:func:`shared_conversion`).
 
     Returns
     -------
@@ -274,11 +275,9 @@ def generate(block, config, out_dir, prefix=None, sram=False):
     if is_fresh(stamp_path, stamp, (v_path, j_path, *([models_path] if sram else []))):
         return v_path, j_path, json.loads(j_path.read_text())
     component = block.build(config)
-    platform = None
     if sram:
         from flows.sram import SramPlatform
-        platform = SramPlatform()
-    if sram:                                   # the platform collects the macros
+        platform = SramPlatform()              # collects the macros as it converts
         text = convert(component, top, sub_prefix, platform)
     else:
         text = shared_conversion(stamp, component,
