@@ -181,17 +181,6 @@ def convert(component, name, prefix=None, platform=None):
     return _settle_at_time_zero(_plain_module_names(text, name, prefix or name))
 
 
-def _built_for_ports_only(component):
-    """Set Amaranth's flag that says so on ``component`` and the elaboratables it holds (the
-    sub-blocks a constructor builds); otherwise each warns that it was never elaborated."""
-    pending = [component]
-    while pending:
-        held = pending.pop()
-        if getattr(held, "_MustUse__silence", True) is False:
-            held._MustUse__silence = True
-            pending.extend(vars(held).values())
-
-
 def shared_conversion(key, component, produce):
     """The Verilog text ``produce()`` returns for ``component``, kept once in build/convert
     under ``key`` (a stamp naming the block, its configuration, the module names and the
@@ -202,7 +191,9 @@ def shared_conversion(key, component, produce):
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
     path = toolchain.BUILD_ROOT / "convert" / f"{digest}.v"
     if path.exists():
-        _built_for_ports_only(component)
+        # The component was built for its ports only: Amaranth's flag that says so (or it
+        # warns that it was never elaborated).
+        component._MustUse__silence = True
         return path.read_text()
     text = produce()
     path.parent.mkdir(parents=True, exist_ok=True)
