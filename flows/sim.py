@@ -251,6 +251,10 @@ def _run_one(block, config, simulator, harness, testcase, label, *, waves, seed,
                           + (VERILATOR_PRIVATE if not waves else []))
             if not waves:
                 sources.append(_public_ports(root / f"public-{toplevel}.vlt", toplevel, ports))
+    # The Verilog is shared by every simulator's build of this configuration, the build folder
+    # by one simulator's runs: a worker building for Icarus does not hold up another's
+    # Verilator build of the same Verilog.
+    with _locked(build_dir):
         stamp = build_dir / ".moegen-stamp"
         digest = file_digest(*sources)
         started = time.monotonic()
