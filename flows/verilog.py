@@ -10,13 +10,13 @@ import re
 from pathlib import Path
 
 from amaranth.back import verilog
-from amaranth.hdl import Shape
+from amaranth.hdl import Elaboratable, Shape
 from amaranth.lib import data, wiring
 
 from flows import toolchain
 
 __all__ = ["generate", "convert", "naming", "manifest_streams", "module_names", "IDENTIFIER", "manifest", "port_list", "config_key", "write_if_changed",
-           "generator_digest", "file_digest", "is_fresh", "shared_conversion"]
+           "generator_digest", "file_digest", "is_fresh", "shared_conversion", "built_for_ports"]
 
 
 def config_key(block, config, extra=""):
@@ -181,6 +181,27 @@ def convert(component, name, prefix=None, platform=None):
     return _settle_at_time_zero(_plain_module_names(text, name, prefix or name))
 
 
+def built_for_ports(component):
+    """Mark ``component``, and the sub-blocks its constructor built (a ``MoELayer``'s
+    ``NopTree``), as built for their ports only: Amaranth warns at garbage collection about an
+    elaboratable that was never elaborated, and this is its own flag saying the omission is
+    meant (there is no public call for it). Returns ``component``."""
+    pending, seen = [component], set()
+    while pending:
+        item = pending.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, (list, tuple)):
+            pending.extend(item)
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, Elaboratable):
+            item._MustUse__silence = True
+            pending.extend(vars(item).values())
+    return component
+
+
 def shared_conversion(key, component, produce):
     """The Verilog text ``produce()`` returns for ``component``, kept once in build/convert
     under ``key`` (a stamp naming the block, its configuration, the module names and the
@@ -191,9 +212,7 @@ def shared_conversion(key, component, produce):
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
     path = toolchain.BUILD_ROOT / "convert" / f"{digest}.v"
     if path.exists():
-        # The component was built for its ports only: Amaranth's flag that says so (or it
-        # warns that it was never elaborated).
-        component._MustUse__silence = True
+        built_for_ports(component)
         return path.read_text()
     text = produce()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ import vcdvcd
 from conftest import SIMULATORS, config_id, run_block
 from golden import fixed
 from golden import systolic as golden
-from flows.verilog import generate
+from flows.verilog import built_for_ports, generate
 from hw.params import ParamError
 from hw.registry import all_blocks, get_block
 from hw.systolic import SystolicConfig, SystolicTileConfig
@@ -142,8 +142,9 @@ def test_floating_point_needs_the_output_stationary_dataflow():
 
 def test_floating_point_ports_carry_codes_and_scales():
     block = get_block("systolic_tile")
-    component = block.build(block.config(rows=2, cols=3, arrays=2, dtype="fp8_e5m2",
-                                         scale_format="e8m0"))
+    component = built_for_ports(block.build(block.config(rows=2, cols=3, arrays=2,
+                                                         dtype="fp8_e5m2",
+                                                         scale_format="e8m0")))
     a = component.a.payload.shape()
     assert a.size == 4 * 8 + 4 * 8 + 1          # 2 arrays x 2 rows: codes, E8M0 scales, last
     assert component.b.payload.shape().size == 6 * 8 + 2 * 8 + 1

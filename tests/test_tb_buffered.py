@@ -122,7 +122,7 @@ def test_wide_streams_get_a_shorter_window_and_still_generate():
     """Amaranth numbers a top module's input bits with 16 bits: the banks of a 4-array tile
     (three 129-bit streams) need a window under 64 to fit; streams wider than any window
     allows get a clear error."""
-    from flows.verilog import convert
+    from flows.verilog import built_for_ports, convert
     from hw.registry import get_block
     from tb.buffered import harness_window
     tile = get_block("systolic_tile")
@@ -132,7 +132,8 @@ def test_wide_streams_get_a_shorter_window_and_still_generate():
     assert "module tile_buffered" in convert(BufferedHarness(component), "tile_buffered")
     wide = get_block("systolic").build(get_block("systolic").config(rows=64, cols=64,
                                                                     in_width=16, acc_width=64))
-    assert harness_window(wide) >= 2
-    huge = wiring.Component({"i": In(stream.Signature(8000)), "o": Out(stream.Signature(8))})
+    assert harness_window(built_for_ports(wide)) >= 2
+    huge = built_for_ports(wiring.Component({"i": In(stream.Signature(8000)),
+                                             "o": Out(stream.Signature(8))}))
     with pytest.raises(ValueError, match="too wide for the buffered harness"):
         harness_window(huge)
