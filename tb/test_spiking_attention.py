@@ -88,15 +88,19 @@ async def test_random_jobs(dut, gap, stall):
 @cocotb.test()
 async def test_threshold_edges(dut):
     """All-ones Q, K, V (every Y = tokens x d): Y exactly at Vth (no spike), one below Vth
-    (spike and reset each step), and a leak that keeps V at zero."""
+    (spike and reset each step), and a leak that keeps V at zero. Y is at most the largest
+    potential, so that Vth = Y and Vleak = Y fit the command's v_width-bit fields (v_width = 2:
+    one token, one feature)."""
     bench = _setup(dut, "edges")
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    tokens, dim = min(cfg.max_tokens, 2), min(cfg.max_head_dim, 2)
+    v_max = fixed.signed_limits(cfg.v_width)[1]
+    tokens, dim = max(((t, d) for t in range(1, min(cfg.max_tokens, 2) + 1)
+                       for d in range(1, min(cfg.max_head_dim, 2) + 1) if t * d <= v_max),
+                      key=lambda size: size[0] * size[1])
     ones = [[[[1] * dim for _ in range(cfg.heads)] for _ in range(tokens)] for _ in range(2)]
     y = tokens * dim                       # A[n, m] = dim, Y[n, j] = tokens x dim
-    v_max = fixed.signed_limits(cfg.v_width)[1]
-    for vth, vleak in ((min(y, v_max), 0), (y - 1, 0), (0, y)):
+    for vth, vleak in ((y, 0), (y - 1, 0), (0, y)):
         bench.job(ones, ones, ones, vth, vleak)
     await bench.drain()
     bench.check()
