@@ -191,7 +191,8 @@ async def test_bad_commands_set_sticky_error(dut):
         if (limit + 1).bit_length() == limit.bit_length():       # representable
             bad.append({field: limit + 1})
     await bench.reject_commands(good, bad)
-    bench.job(*bench.random_layer(2, 2, 1, 2), k=1)
+    bench.job(*bench.random_layer(min(2, cfg.max_d_in), min(2, cfg.max_d_out), 1,
+                                  min(2, cfg.max_timesteps)), k=1)
     await bench.drain()
     assert bench.results() == bench.expected and dut.error.value == 1, (
         "error not sticky or job wrong")
