@@ -30,12 +30,22 @@ class MoeBench(JobBench):
         self.synaptic_ops = 0
 
     def random_layer(self, d_in, d_out, tokens, steps, density=0.4, favourite=None):
-        """Random spikes and weights; ``favourite`` gives that expert large routing weights."""
+        """Random spikes and weights. ``favourite`` makes that expert every token's first
+        choice: its routing weights are f, the largest at which a routing score (at most
+        d_in x steps spikes) cannot wrap in acc_width bits, the other experts' are in
+        -f..f-1, and every token has a spike."""
         cfg, rng = self.cfg, self.rng
         w_max = fixed.signed_limits(cfg.w_width)[1]
         spikes = [[[int(rng.random() < density) for _ in range(d_in)] for _ in range(steps)]
                   for _ in range(tokens)]
-        routing = [[[w_max if e == favourite else rng.randint(-w_max - 1, w_max)
+        others, f = (-w_max - 1, w_max), None
+        if favourite is not None:
+            f = min(w_max, fixed.signed_limits(cfg.acc_width)[1] // (d_in * steps))
+            assert f >= 1, f"{d_in} x {steps} spikes wrap a routing score at any weight"
+            others = (-f, f - 1)
+            for token in spikes:
+                token[0][0] = 1
+        routing = [[[f if e == favourite else rng.randint(*others)
                      for e in range(cfg.experts)] for _ in range(d_in)] for _ in range(steps)]
         experts = [[[rng.randint(-w_max - 1, w_max) for _ in range(d_in)] for _ in range(d_out)]
                    for _ in range(cfg.experts)]
@@ -119,7 +129,10 @@ async def test_skewed_routing_and_merge(dut):
     bench = _setup(dut, "skewed")
     await start_after_reset(dut, bench)
     cfg = bench.cfg
-    shape = (min(cfg.max_d_in, 4), cfg.max_d_out, cfg.max_tokens, cfg.max_timesteps)
+    d_in = min(cfg.max_d_in, 4)
+    # Timesteps within what a routing score of d_in x T spikes holds unwrapped at weight 1.
+    steps = max(1, min(cfg.max_timesteps, fixed.signed_limits(cfg.acc_width)[1] // d_in))
+    shape = (d_in, cfg.max_d_out, cfg.max_tokens, steps)
     favourite = cfg.experts - 1
     layer = bench.random_layer(*shape, density=0.6, favourite=favourite)
     masks = bench.job(*layer, k=1)
@@ -150,9 +163,9 @@ async def test_integrations_wrap(dut):
         bench.job(spikes, routing, experts, 0, 0, k=1)
         if abs(weight) * D >= half:                      # this configuration can wrap
             wrapped = golden.moe_reference(spikes, routing, experts, 1, 0, 0, cfg.acc_width,
-                                           cfg.v_width)[1]
-            exact = golden.moe_reference(spikes, routing, experts, 1, 0, 0, 64, cfg.v_width)[1]
-            assert wrapped != exact                      # the wrap decides the spikes
+                                           cfg.v_width)
+            exact = golden.moe_reference(spikes, routing, experts, 1, 0, 0, 64, cfg.v_width)
+            assert wrapped != exact                      # the wrap decides routes or spikes
     await bench.drain()
     bench.check()
 
