@@ -15,8 +15,9 @@ from amaranth.lib import data, wiring
 
 from flows import toolchain
 
-__all__ = ["generate", "convert", "naming", "manifest_streams", "module_names", "IDENTIFIER", "manifest", "port_list", "config_key", "write_if_changed",
-           "generator_digest", "file_digest", "is_fresh", "shared_conversion", "built_for_ports"]
+__all__ = ["generate", "convert", "naming", "manifest_streams", "module_names", "IDENTIFIER",
+           "manifest", "port_list", "config_key", "write_if_changed", "generator_digest",
+           "file_digest", "is_fresh", "shared_conversion", "built_for_ports"]
 
 
 def config_key(block, config, extra=""):
