@@ -337,9 +337,10 @@ async def test_combine_round_robin_from_every_pointer(dut):
         received = bench.leaf_in[leaf].received
         return int(received[-1][1].token) if received else None
 
-    switches = [(level, base)
-                for level, children in enumerate(bench.fanouts)
-                for base in range(0, bench.leaves, bench.leaves // math.prod(bench.fanouts[:level]))]
+    switches = []                                   # (level, first leaf under the switch)
+    for level in range(len(bench.fanouts)):
+        under = bench.leaves // math.prod(bench.fanouts[:level])     # leaves under one switch
+        switches += [(level, base) for base in range(0, bench.leaves, under)]
     for level, base in switches:
         children = bench.fanouts[level]
         span = bench.leaves // math.prod(bench.fanouts[:level + 1])
