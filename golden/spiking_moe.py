@@ -86,8 +86,9 @@ def moe_cycles(d_in, d_out, tokens, timesteps, counts, rows, cols):
       state), their first beats one edge later;
     * core e: each tile's last beat waits max(D_in, C) beats after the previous one; its last
       output row leaves ``column_latency(R)`` + the last column after its last beat;
-    * the read-out starts 2 edges after the last core's last row (the COMPUTE check, then one
-      beat per edge) and sends row tiles x tokens x T beats.
+    * the read-out starts 3 edges after the last core's last row (the row is merged one edge
+      later, then the COMPUTE check, then one beat per edge) and sends row tiles x tokens x T
+      beats.
     """
     experts = len(counts)
     tiles = -(-d_out // rows)
@@ -102,7 +103,7 @@ def moe_cycles(d_in, d_out, tokens, timesteps, counts, rows, cols):
             pairs = count * timesteps
             beats_last = issue + d_in + (tiles * -(-pairs // cols) - 1) * max(d_in, cols)
             finish = max(finish, beats_last + column_latency(rows) + (pairs - 1) % cols)
-    out_first = finish + 2
+    out_first = finish + 3
     return {"act_last": act_last, "route_beats": (d_in + 2, route_beats_last),
             "routes": routes, "weights_last": weights_last, "issue": issue,
             "outputs": list(range(out_first, out_first + tiles * tokens * timesteps))}

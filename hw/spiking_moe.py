@@ -332,17 +332,25 @@ class SpikingMoe(SisTieredComponent):
             for name in ("d_in", "d_out", "timesteps", "vth", "vleak"):
                 m.d.comb += getattr(core.cmd.payload, name).eq(getattr(job, name))
             m.d.comb += [core.cmd.payload.tokens.eq(counts[e]), core.out.ready.eq(1)]
-            with m.If(core.out.valid & core.out.payload.last):
-                m.d.sync += finished[e].eq(1)
 
-        # Merge (step 5): OR each core's output row into (tile, token, timestep).
+        # Merge (step 5): OR each core's output row into (tile, token, timestep). A core's row
+        # and its buffer address are registered first, and the row is merged one edge later
+        # (clock rate: the core's output FIFO, the token list, the address and the E-way OR
+        # into every word were one path, 56.8 MHz); the core counts as finished at that edge.
         hits = []
         for e, core in enumerate(cores):
             beat = core.out.payload
             token = select(beat.token, lists[e])
+            valid = Signal(name=f"merge_valid{e}")
             address = Signal(range(words), name=f"merge_address{e}")
-            m.d.comb += address.eq((beat.tile * N + token) * T + beat.timestep)
-            hits.append((core.out.valid, address, beat.spikes))
+            spikes = Signal(R, name=f"merge_spikes{e}")
+            last = Signal(name=f"merge_last{e}")
+            m.d.sync += [valid.eq(core.out.valid), last.eq(core.out.valid & beat.last),
+                         address.eq((beat.tile * N + token) * T + beat.timestep),
+                         spikes.eq(beat.spikes)]
+            with m.If(last):
+                m.d.sync += finished[e].eq(1)
+            hits.append((valid, address, spikes))
         for i, word in enumerate(merged):
             incoming = [Mux(valid & (address == i), spikes, 0) for valid, address, spikes in hits]
             with m.If(Cat(*[valid & (address == i) for valid, address, _ in hits]).any()):
@@ -362,9 +370,12 @@ class SpikingMoe(SisTieredComponent):
         C, T, D = cfg.cols, cfg.max_timesteps, cfg.max_d_in
         token_bits = bits_for(cfg.max_tokens)
         advance = Signal(name=f"dispatch{e}_advance")
+        # The core's (token, timestep) pairs, registered (clock rate: the product was on the
+        # path from the routed count into the column registers). The count is final from the
+        # edge after the last route, two edges before the core's command.
         pairs = Signal(range(cfg.max_tokens * T + 1), name=f"dispatch{e}_pairs")
-        m.d.comb += [pairs.eq(count * job.timesteps),
-                     advance.eq(core.w.valid & core.w.ready)]
+        m.d.sync += pairs.eq(count * job.timesteps)
+        m.d.comb += advance.eq(core.w.valid & core.w.ready)
         d, col_tile, row_tile, done = tile_counter(m, advance, job.d_in, pairs, C, job.d_out,
                                                    cfg.rows, name=f"dispatch{e}")
         # Column k of this column tile holds pair p = col_tile * C + k of the core's
@@ -385,23 +396,35 @@ class SpikingMoe(SisTieredComponent):
         step_t = by_timesteps([C % tt for tt in timesteps], t_shape, f"dispatch{e}_step_t")
         col_j = [Signal(j_shape, name=f"dispatch{e}_j{k}") for k in range(C)]
         col_t = [Signal(t_shape, name=f"dispatch{e}_t{k}") for k in range(C)]
+        # Beside each column's (j, t): its bit in an activation word, token_list[j] * T + t, and
+        # whether j is a routed token (j < count), registers loaded with the column's next
+        # (j, t) (clock rate: the token list's read and the index were on the path from the
+        # column's registers into the core's array).
+        bit_index = [Signal(range(cfg.max_tokens * T), name=f"dispatch{e}_bit{k}")
+                     for k in range(C)]
+        routed = [Signal(name=f"dispatch{e}_routed{k}") for k in range(C)]
+
+        def load(k, j, t, kind):
+            """Column k's registers loaded with the pair (j, t) (``kind``: for the names)."""
+            next_j = Signal(j_shape, name=f"dispatch{e}_{kind}_j{k}")
+            next_t = Signal(t_shape, name=f"dispatch{e}_{kind}_t{k}")
+            m.d.comb += [next_j.eq(j), next_t.eq(t)]
+            return [col_j[k].eq(next_j), col_t[k].eq(next_t), routed[k].eq(next_j < count),
+                    bit_index[k].eq(select(next_j, token_list) * T + next_t)]
+
         first_tile = []
         stepped = []
         for k in range(C):
-            first_tile += [col_j[k].eq(by_timesteps([k // tt for tt in timesteps], j_shape,
-                                                    f"dispatch{e}_first_j{k}")),
-                           col_t[k].eq(by_timesteps([k % tt for tt in timesteps], t_shape,
-                                                    f"dispatch{e}_first_t{k}"))]
+            first_tile += load(k, by_timesteps([k // tt for tt in timesteps], j_shape,
+                                               f"dispatch{e}_first_j{k}"),
+                               by_timesteps([k % tt for tt in timesteps], t_shape,
+                                            f"dispatch{e}_first_t{k}"), "load_first")
             t_sum = Signal(bits_for(2 * T), name=f"dispatch{e}_tsum{k}")
             m.d.comb += t_sum.eq(col_t[k] + step_t)
             wrap = t_sum >= job.timesteps
-            stepped += [col_t[k].eq(Mux(wrap, t_sum - job.timesteps, t_sum)),
-                        col_j[k].eq(col_j[k] + step_j + wrap)]
-        spikes = []
-        for k in range(C):
-            token = Signal(token_bits, name=f"dispatch{e}_token{k}")
-            m.d.comb += token.eq(select(col_j[k], token_list))
-            spikes.append((col_j[k] < count) & select(token * T + col_t[k], list(act.data)))
+            stepped += load(k, col_j[k] + step_j + wrap, Mux(wrap, t_sum - job.timesteps, t_sum),
+                            "load_stepped")
+        spikes = [routed[k] & select(bit_index[k], list(act.data)) for k in range(C)]
         m.d.comb += [weights.addr.eq(row_tile * D + d), act.addr.eq(d),
                      core.w.valid.eq(dispatching[e]), core.s.valid.eq(dispatching[e]),
                      core.w.payload.eq(weights.data), core.s.payload.s.eq(Cat(*spikes))]
