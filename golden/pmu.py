@@ -16,8 +16,8 @@ __all__ = ["make_job", "job_is_valid", "access_addresses", "decode_lane", "acces
 
 # Edges from a job descriptor's transfer (port idle) to the end of the job's first access
 # before its cost: beat j is taken at edge e + LATENCY + sum(costs[:j+1]).
-WRITE_LATENCY = 1
-READ_LATENCY = 3
+WRITE_LATENCY = 5
+READ_LATENCY = 8
 
 
 def make_job(params, *, base=0, bounds=None, strides=None, lane_stride=1, pred_lo=0,

@@ -17,21 +17,25 @@ from functools import reduce
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2, exact_log2
 
 from golden import pmu as golden
 from hw.params import ConfiguredComponent, TieredComponent, int_param, param_error, validate
-from hw.pipeline import OutputQueue, max_tree
+from hw.pipeline import OutputQueue, max_tree, sum_tree
 from hw.registry import Block, register
 
 __all__ = ["PMUConfig", "PMU", "AddressGenerator", "ScratchpadBanks", "banks_signature",
            "job_layout"]
 
 JOB_QUEUE_DEPTH = 2   # the running job is latched; one more waits in the queue
-READ_FIFO_DEPTH = 4   # read results in flight + buffered; 4 keeps a ready consumer at 1/cycle
+# Decoded accesses: the two registers in flight, the queue's own register before its head, the
+# current one, and one for the edge a freed entry takes to reach the loop nest (so one access
+# per cycle is sustained).
+ACCESS_QUEUE_DEPTH = 5
+READ_FIFO_DEPTH = 5   # read results in flight (2) + buffered; keeps a ready consumer at 1/cycle
 
 
 def _power_of_two(value):
@@ -142,31 +146,42 @@ def _remove_bit(value, position):
 class AddressGenerator(ConfiguredComponent):
     """One port's address pipeline: job queue, nested loops, lane decode and bank ranks.
 
-    A job descriptor taken on ``job`` waits in a 2-entry queue and is latched when the port is
-    free (the cycle after the previous job's last access, so jobs chain with no idle cycle). The
-    generator holds the current access until ``advance`` says it completed. Outputs describe the
-    current access, combinationally from registers.
+    A job descriptor taken on ``job`` waits in a 2-entry queue and is latched by the loop nest
+    when the nest is free (the cycle after it generated the previous job's last access, so jobs
+    chain with no idle cycle). The nest generates one access per cycle through two registers
+    (the lanes' addresses; their bank, offset and validity) into a 5-entry queue of accesses
+    with their lanes' ranks and cost, whose head (a register) is the *current* access, held
+    until ``advance`` says it completed. The nest generates only while that queue has an entry
+    for the access, so the registers never stall (clock rate: a stalling pipeline's enable, from
+    ``advance`` through every stage into the loop's registers, was the critical path; before the
+    pipeline, the loop, the decode, the ranks and the access's completion were one path:
+    43.7 MHz on the ECP5-85F). A job latched at edge s has its first access current from edge
+    s + 4.
 
     Members
     -------
     job : In(stream.Signature(job_layout(config)))
     advance : In(1)
-        The current access completes at this edge.
+        The current access completes at this edge (ignored without one).
     other_busy, other_done : In(1)
         The other port's ``busy`` and ``done`` (for ``wait_other``).
     busy : Out(1)
-        A job is latched.
+        A job is latched and not all its accesses have completed.
     done : Out(1)
-        Toggles when a job completes.
+        Toggles when a job's last access completes.
     bad_job : Out(1)
         Pulses when a descriptor is rejected (a bound of 0 or above 2^A, bank bits not strictly
         increasing or beyond the capacity, diagonal row shorter than the bank count); it is
         dropped.
+    current : Out(1)
+        There is a current access (the fields below describe it: the access queue's head).
     last_access : Out(1)
     lane_valid : Out(V)
     lane_bank, lane_offset, lane_rank : Out(ArrayLayout(..., V))
     cost : Out(...)
         Cycles the current access takes: 1 + the largest lane rank.
+    last_step : Out(...)
+        cost - 1, the largest lane rank.
     """
 
     def __init__(self, config):
@@ -180,12 +195,14 @@ class AddressGenerator(ConfiguredComponent):
             "busy": Out(1),
             "done": Out(1),
             "bad_job": Out(1),
+            "current": Out(1),
             "last_access": Out(1),
             "lane_valid": Out(V),
             "lane_bank": Out(data.ArrayLayout(unsigned(max(1, config.bank_bits)), V)),
             "lane_offset": Out(data.ArrayLayout(unsigned(exact_log2(config.bank_depth)), V)),
             "lane_rank": Out(data.ArrayLayout(unsigned(self._rank_bits), V)),
             "cost": Out(ceil_log2(V + 1) or 1),
+            "last_step": Out(self._rank_bits),
         })
 
     def elaborate(self, platform):
@@ -194,97 +211,163 @@ class AddressGenerator(ConfiguredComponent):
         layout = job_layout(cfg)
         m = Module()
 
-        queue = m.submodules.queue = SyncFIFO(width=layout.size, depth=JOB_QUEUE_DEPTH)
-        m.d.comb += [queue.w_data.eq(self.job.payload.as_value()),
+        # A descriptor is checked as it is taken, and queued with the verdict (clock rate: the
+        # checks were on the path from the queue's head into the loop's registers).
+        def rejected(descriptor):
+            bad = reduce(operator.or_, [(descriptor.bounds[level] == 0)
+                                        | (descriptor.bounds[level] > (1 << A))
+                                        for level in range(L)], Const(0))
+            if b:
+                positions = [descriptor.bank_pos[i] for i in range(b)]
+                misplaced = positions[-1] >= CB
+                for lower, upper in zip(positions, positions[1:]):
+                    misplaced |= lower >= upper
+                bad |= Mux(descriptor.diagonal, descriptor.row_shift < b, misplaced)
+            return bad
+
+        queue = m.submodules.queue = SyncFIFO(width=layout.size + 1, depth=JOB_QUEUE_DEPTH)
+        m.d.comb += [queue.w_data.eq(Cat(self.job.payload.as_value(),
+                                         rejected(self.job.payload))),
                      queue.w_en.eq(self.job.valid), self.job.ready.eq(queue.w_rdy)]
-        head = layout(queue.r_data)
+        head, bad = layout(queue.r_data[:layout.size]), queue.r_data[layout.size]
 
         job = Signal(layout)
+        generating = Signal()           # the loop nest holds a job with accesses to generate
         index = [Signal(A, name=f"index{level}") for level in range(L)]
         level_base = [Signal(A, name=f"level_base{level}") for level in range(L)]
         lane_offset_addr = [Signal(A, name=f"lane_off{v}") for v in range(V)]
         waiting = Signal()
         snapshot = Signal()
 
+        # The pipeline: the loop nest generates an access into two registers that move at
+        # every edge (addresses, then the decode), then the ranks and cost go into the access
+        # queue, whose head is the current access; it leaves on `advance`. The nest generates
+        # only while the queue has an entry for it (`credits`: entries not filled or promised),
+        # so no stage ever stalls, and nothing that `advance` depends on reaches the nest's
+        # registers in the same cycle (clock rate: a stalling pipeline's enable, from the
+        # consumer through every stage into the loop's registers, was the critical path).
+        addressed = Signal()            # the address register holds an access
+        addressed_last = Signal()
+        decoded = Signal()              # the decode register holds an access
+        decoded_last = Signal()
+        credits = Signal(range(ACCESS_QUEUE_DEPTH + 1), init=ACCESS_QUEUE_DEPTH)
+        generate = generating & (credits != 0)
+        m.d.sync += credits.eq(credits - generate + (self.current & self.advance))
+
         # Loop nest: level 0 is innermost; level_base[l] is the address with levels below l at 0.
-        at_end = [index[level] == job.bounds[level] - 1 for level in range(L)]
-        m.d.comb += self.last_access.eq(reduce(operator.and_, at_end))
-        with m.If(self.busy & self.advance & ~self.last_access):
+        # at_end[l] (index[l] == bounds[l] - 1) is a register set beside the index: from the
+        # job's bound at the start and at a reset to 0 (`single`: a bound of 1), from the
+        # incremented index at a step (clock rate: the comparisons were on the path from the
+        # indices into the loop's registers).
+        limit = [Signal(A, name=f"limit{level}") for level in range(L)]
+        single = [Signal(name=f"single{level}") for level in range(L)]
+        at_end = [Signal(name=f"at_end{level}") for level in range(L)]
+        generated_last = reduce(operator.and_, at_end)
+        with m.If(generate & ~generated_last):
             for level in range(L):
                 inner_done = reduce(operator.and_, at_end[:level], Const(1))
                 with m.If(inner_done & ~at_end[level]):
                     stepped = (level_base[level] + job.strides[level])[:A]
-                    m.d.sync += [index[level].eq(index[level] + 1), level_base[level].eq(stepped)]
+                    m.d.sync += [index[level].eq(index[level] + 1), level_base[level].eq(stepped),
+                                 at_end[level].eq(index[level] + 1 == limit[level])]
                     m.d.sync += [index[j].eq(0) for j in range(level)]
+                    m.d.sync += [at_end[j].eq(single[j]) for j in range(level)]
                     m.d.sync += [level_base[j].eq(stepped) for j in range(level)]
+        with m.If(generate & generated_last):
+            m.d.sync += generating.eq(0)
 
-        # Job start: when free, the queue head is latched unless it must wait for the other port.
-        free = ~self.busy | (self.advance & self.last_access)
+        # Job start: when the nest is free, the queue head is latched unless it must wait for
+        # the other port.
+        free = ~generating | (generate & generated_last)
         may_start = (~head.wait_other | ~self.other_busy
                      | (waiting & (self.other_done != snapshot)))
-        bad = reduce(operator.or_, [(head.bounds[level] == 0) | (head.bounds[level] > (1 << A))
-                                    for level in range(L)], Const(0))
-        if b:
-            positions = [head.bank_pos[i] for i in range(b)]
-            misplaced = positions[-1] >= CB
-            for lower, upper in zip(positions, positions[1:]):
-                misplaced |= lower >= upper
-            bad |= Mux(head.diagonal, head.row_shift < b, misplaced)
         start = Signal()
         m.d.comb += [start.eq(free & queue.r_rdy & may_start), queue.r_en.eq(start),
                      self.bad_job.eq(start & bad)]
-        with m.If(self.busy & self.advance & self.last_access):
-            m.d.sync += [self.busy.eq(0), self.done.eq(~self.done)]
+        with m.If(self.current & self.advance & self.last_access):
+            m.d.sync += self.done.eq(~self.done)
         with m.If(free & queue.r_rdy & ~may_start & ~waiting):
             m.d.sync += [waiting.eq(1), snapshot.eq(self.other_done)]
         with m.If(start):
             m.d.sync += waiting.eq(0)
             with m.If(~bad):
-                m.d.sync += [job.eq(head), self.busy.eq(1)]
+                m.d.sync += [job.eq(head), generating.eq(1)]
+                m.d.sync += [limit[level].eq(head.bounds[level] - 1) for level in range(L)]
+                m.d.sync += [single[level].eq(head.bounds[level] == 1) for level in range(L)]
+                m.d.sync += [at_end[level].eq(head.bounds[level] == 1) for level in range(L)]
                 m.d.sync += [index[level].eq(0) for level in range(L)]
                 m.d.sync += [level_base[level].eq(head.base) for level in range(L)]
                 m.d.sync += [lane_offset_addr[v].eq((head.lane_stride * v)[:A]) for v in range(V)]
 
-        # Lane decode of the current access.
+        # Stage 1: the lanes' addresses of the generated access, registered with the job's
+        # mapping and predicate (a new job may be latched while this access moves on).
+        addresses = [Signal(A, name=f"lane_addr{v}") for v in range(V)]
+        mapping = Signal(layout, name="addressed_job")   # only the fields read below are kept
+        m.d.sync += [addressed.eq(generate), addressed_last.eq(generated_last), mapping.eq(job),
+                     *[addresses[v].eq(level_base[0] + lane_offset_addr[v]) for v in range(V)]]
+
+        # Stage 2: the lane decode, registered.
+        lane_valid = Signal(V, name="decoded_valid")
+        lane_bank = Signal.like(self.lane_bank, name="decoded_bank")
+        lane_offset = Signal.like(self.lane_offset, name="decoded_offset")
         capacity = cfg.banks * cfg.bank_depth
-        for v in range(V):
-            address = Signal(A, name=f"lane_addr{v}")
-            m.d.comb += address.eq(level_base[0] + lane_offset_addr[v])
+        m.d.sync += [decoded.eq(addressed), decoded_last.eq(addressed_last)]
+        for v, address in enumerate(addresses):
             in_range = address < capacity if A > CB else Const(1)
-            m.d.comb += self.lane_valid[v].eq(self.busy & in_range & (address >= job.pred_lo)
-                                              & (address < job.pred_hi))
             word = address[:CB]
             if b == 0:
                 bank, offset = Const(0, 1), word
             else:
-                diagonal_bank = ((word >> job.row_shift)[:b] + word[:b])[:b]   # mod B
-                select_bank = Cat(*[word.bit_select(job.bank_pos[i], 1) for i in range(b)])
+                diagonal_bank = ((word >> mapping.row_shift)[:b] + word[:b])[:b]   # mod B
+                select_bank = Cat(*[word.bit_select(mapping.bank_pos[i], 1) for i in range(b)])
                 compacted = word
                 for i in reversed(range(b)):  # highest first: lower positions stay put
                     # A named stage per bit (one bit narrower each): _remove_bit uses its input
                     # twice, and a nested expression would double at every step. A valid job's
                     # bank bit i lies below CB - (b - 1 - i), the width left at its stage.
                     stage = Signal(len(compacted) - 1, name=f"lane{v}_compact{i}")
-                    m.d.comb += stage.eq(_remove_bit(compacted, job.bank_pos[i]))
+                    m.d.comb += stage.eq(_remove_bit(compacted, mapping.bank_pos[i]))
                     compacted = stage
-                bank = Mux(job.diagonal, diagonal_bank, select_bank)
-                offset = Mux(job.diagonal, word[b:], compacted)
-            m.d.comb += [self.lane_bank[v].eq(bank), self.lane_offset[v].eq(offset)]
+                bank = Mux(mapping.diagonal, diagonal_bank, select_bank)
+                offset = Mux(mapping.diagonal, word[b:], compacted)
+            m.d.sync += [lane_valid[v].eq(addressed & in_range & (address >= mapping.pred_lo)
+                                          & (address < mapping.pred_hi)),
+                         lane_bank[v].eq(bank), lane_offset[v].eq(offset)]
 
-        # Rank of each lane among the valid lanes of its bank that come before it.
+        # Into the access queue: the rank of each lane among the valid lanes of its bank that
+        # come before it, and the cost.
         ranks = []
         for v in range(V):
-            same = [self.lane_valid[u] & (self.lane_bank[u] == self.lane_bank[v])
-                    for u in range(v)]
-            # Every partial count cut to the rank's width (a rank is below V): Python's sum
-            # would widen each adder by a bit whose value is always 0.
-            rank = Const(0, self._rank_bits)
-            for term in same:
-                rank = (rank + term)[:self._rank_bits]
-            m.d.comb += self.lane_rank[v].eq(rank)
-            ranks.append(Mux(self.lane_valid[v], self.lane_rank[v], 0))
+            rank = Signal(self._rank_bits, name=f"decoded_rank{v}")
+            same = [lane_valid[u] & (lane_bank[u] == lane_bank[v]) for u in range(v)]
+            m.d.comb += rank.eq(sum_tree(same) if same else 0)
+            ranks.append(Mux(lane_valid[v], rank, 0))
         # Lane 0's rank is always 0, the floor of the maximum anyway: left out of the tree.
-        m.d.comb += self.cost.eq(max_tree(m, ranks[1:] or ranks, "rank_max") + 1)
+        last_step = Signal.like(self.last_step, name="decoded_last_step")
+        m.d.comb += [last_step.eq(max_tree(m, ranks[1:] or ranks, "rank_max")),
+                     self.cost.eq(self.last_step + 1)]
+        entry = data.StructLayout({"last": 1, "valid": V, "bank": self.lane_bank.shape(),
+                                   "offset": self.lane_offset.shape(),
+                                   "rank": self.lane_rank.shape(),
+                                   "last_step": self.last_step.shape()})
+        accesses = m.submodules.accesses = SyncFIFOBuffered(width=entry.size,
+                                                            depth=ACCESS_QUEUE_DEPTH)
+        written, head_access = Signal(entry), entry(accesses.r_data)
+        m.d.comb += [written.last.eq(decoded_last), written.valid.eq(lane_valid),
+                     written.bank.eq(lane_bank), written.offset.eq(lane_offset),
+                     written.last_step.eq(last_step),
+                     *[written.rank[v].eq(ranks[v]) for v in range(V)],
+                     accesses.w_data.eq(written), accesses.w_en.eq(decoded),
+                     accesses.r_en.eq(self.advance)]
+        # Busy while the job has an access anywhere: the nest, the registers or the queue.
+        m.d.comb += self.busy.eq(generating | addressed | decoded | (accesses.r_level != 0))
+        # The outputs are assigned, not connected, so that a subclass can override one
+        # (tests/test_formal.py breaks a rank).
+        m.d.comb += [self.current.eq(accesses.r_rdy), self.last_access.eq(head_access.last),
+                     self.lane_valid.eq(head_access.valid), self.lane_bank.eq(head_access.bank),
+                     self.lane_offset.eq(head_access.offset),
+                     self.last_step.eq(head_access.last_step),
+                     *[self.lane_rank[v].eq(head_access.rank[v]) for v in range(V)]]
         return m
 
 
@@ -344,8 +427,9 @@ class PMU(TieredComponent):
     cycle; otherwise it takes as many cycles as the largest number of its valid lanes in one
     bank (``*_conflict_cycles`` count the extra cycles). Without conflicts or backpressure each
     port sustains one access per cycle; a write beat of access j of a job whose descriptor was
-    taken at edge e is taken at ``e + 1 + sum(costs[:j+1])``, a read beat at
-    ``e + 3 + sum(costs[:j+1])``, and queued jobs continue with no idle cycle.
+    taken at edge e (the port idle) is taken at ``e + 5 + sum(costs[:j+1])``, a read beat at
+    ``e + 8 + sum(costs[:j+1])`` (``golden.pmu``'s latencies), and queued jobs continue with no
+    idle cycle.
 
     ``error`` (sticky until reset) is set by a rejected descriptor (see
     :class:`AddressGenerator`) or a ``w.last`` that is not on the job's final access. A read
@@ -404,9 +488,9 @@ class PMU(TieredComponent):
 
         # Write port: the beat is held while its lanes are written one rank per cycle.
         w_step = Signal.like(wag.lane_rank[0], name="w_step")
-        w_final = w_step == wag.cost - 1
-        writing = wag.busy & self.w.valid
-        m.d.comb += [self.w.ready.eq(wag.busy & w_final), wag.advance.eq(writing & w_final)]
+        w_final = w_step == wag.last_step
+        writing = wag.current & self.w.valid
+        m.d.comb += [self.w.ready.eq(wag.current & w_final), wag.advance.eq(writing & w_final)]
         with m.If(writing):
             m.d.sync += w_step.eq(Mux(w_final, 0, w_step + 1))
             with m.If(~w_final):
@@ -420,20 +504,34 @@ class PMU(TieredComponent):
             lanes = Cat(*selects)
             return [(lanes & (lanes - 1)).any()]
 
+        # Each bank's write (enable, address, data) and read address are registered: a bank
+        # is written and read one edge after its lanes are picked (clock rate: the pick of a
+        # bank's lane and the bank's read or write were one path, 87.9 MHz). Both ports move
+        # alike, so a read and a write picked in one cycle still meet at the bank in one.
         for bank, ports in enumerate(banks):
             selects = [writing & s for s in served_by(wag, w_step, bank)]
             conflicts += conflict(selects)
-            m.d.comb += [ports.w_en.eq(reduce(operator.or_, selects)),
-                         ports.w_addr.eq(one_hot_pick(selects, list(wag.lane_offset))),
-                         ports.w_data.eq(one_hot_pick(selects, list(self.w.payload.data)))]
+            w_en = Signal(name=f"bank{bank}_w_en")
+            w_addr = Signal.like(ports.w_addr, name=f"bank{bank}_w_addr")
+            w_data = Signal.like(ports.w_data, name=f"bank{bank}_w_data")
+            m.d.sync += [w_en.eq(reduce(operator.or_, selects)),
+                         w_addr.eq(one_hot_pick(selects, list(wag.lane_offset))),
+                         w_data.eq(one_hot_pick(selects, list(self.w.payload.data)))]
+            m.d.comb += [ports.w_en.eq(w_en), ports.w_addr.eq(w_addr), ports.w_data.eq(w_data)]
 
-        # Read port: issue one rank per cycle; data returns a cycle later and is gathered.
+        # Read port: issue one rank per cycle; the banks read at the next edge, the data is
+        # there the edge after and is gathered.
         queue = OutputQueue(m, self.r, depth=READ_FIFO_DEPTH, name="read_fifo")
         r_step = Signal.like(rag.lane_rank[0], name="r_step")
-        r_final = r_step == rag.cost - 1
-        pushing = Signal()              # the access issued last cycle completes now
+        r_final = r_step == rag.last_step
+        reading = Signal()              # the access issued last cycle is read from the banks
+        pushing = Signal()              # the access read last cycle completes now
         issuing = Signal()
-        m.d.comb += [issuing.eq(rag.busy & (queue.level + pushing < READ_FIFO_DEPTH)),
+        # Free read FIFO entries, less the accesses in flight (reading, pushing): a counter, so
+        # that no sum of the FIFO's level leads into the address pipeline's moves (clock rate).
+        credits = Signal(range(READ_FIFO_DEPTH + 1), init=READ_FIFO_DEPTH)
+        m.d.sync += credits.eq(credits - (issuing & r_final) + (self.r.valid & self.r.ready))
+        m.d.comb += [issuing.eq(rag.current & (credits != 0)),
                      rag.advance.eq(issuing & r_final)]
         with m.If(issuing):
             m.d.sync += r_step.eq(Mux(r_final, 0, r_step + 1))
@@ -442,19 +540,25 @@ class PMU(TieredComponent):
         for bank, ports in enumerate(banks):
             selects = served_by(rag, r_step, bank)
             conflicts += conflict([issuing & s for s in selects])
-            m.d.comb += ports.r_addr.eq(one_hot_pick(selects, list(rag.lane_offset)))
+            r_addr = Signal.like(ports.r_addr, name=f"bank{bank}_r_addr")
+            m.d.sync += r_addr.eq(one_hot_pick(selects, list(rag.lane_offset)))
+            m.d.comb += ports.r_addr.eq(r_addr)
         # One wide OR: a chain of hundreds of ORs (8 lanes, 8 banks) is too deep to elaborate.
         m.d.comb += self.bank_conflict.eq(Cat(*conflicts).any() if conflicts else 0)
 
-        served = Signal(V)
-        served_bank = Signal.like(rag.lane_bank)
-        access_valid = Signal(V)
-        access_last = Signal()
-        m.d.sync += [served.eq(Mux(issuing, Cat(*[rag.lane_valid[v] & (rag.lane_rank[v] == r_step)
+        # The lanes served, their banks and the access's flags, two edges on (issue, read).
+        issued, served = Signal(V), Signal(V)
+        issued_bank, served_bank = Signal.like(rag.lane_bank), Signal.like(rag.lane_bank)
+        issued_valid, access_valid = Signal(V), Signal(V)
+        issued_last, access_last = Signal(), Signal()
+        m.d.sync += [issued.eq(Mux(issuing, Cat(*[rag.lane_valid[v] & (rag.lane_rank[v] == r_step)
                                                     for v in range(V)]), 0)),
-                     served_bank.eq(rag.lane_bank), pushing.eq(issuing & r_final)]
+                     issued_bank.eq(rag.lane_bank), reading.eq(issuing & r_final),
+                     served.eq(issued), served_bank.eq(issued_bank), pushing.eq(reading)]
         with m.If(issuing & r_final):
-            m.d.sync += [access_valid.eq(rag.lane_valid), access_last.eq(rag.last_access)]
+            m.d.sync += [issued_valid.eq(rag.lane_valid), issued_last.eq(rag.last_access)]
+        with m.If(reading):
+            m.d.sync += [access_valid.eq(issued_valid), access_last.eq(issued_last)]
         bank_data = Array(ports.r_data for ports in banks)
         gathered = [Signal(cfg.elem_width, name=f"gathered{v}") for v in range(V)]
         merged = [Mux(served[v], bank_data[served_bank[v]], gathered[v]) for v in range(V)]

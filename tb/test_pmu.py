@@ -258,10 +258,48 @@ async def test_read_during_write_gets_the_old_word(dut):
 
 
 @cocotb.test()
+async def test_busy_from_start_to_last_access(dut):
+    """``w_busy`` and ``r_busy`` (which ``wait_other`` reads) are high at every edge from the
+    one a job starts at (its descriptor's edge + 1, the port idle) to the one its last access
+    completes at (the last ``w`` beat; the read's last lanes picked, 3 edges before its last
+    ``r`` beat), and low around that: jobs of 1 to 3 accesses, the write's data held back."""
+    bench = await _setup(dut, "busy")
+    cfg = bench.cfg
+    samples = {"w": {}, "r": {}}
+
+    async def sample():
+        while True:
+            await RisingEdge(dut.clk)             # pre-edge values: the cycle before this edge
+            samples["w"][edge_now()] = int(dut.w_busy.value)
+            samples["r"][edge_now()] = int(dut.r_busy.value)
+
+    sampler = cocotb.start_soon(sample())
+    for accesses in range(1, min(3, cfg.bank_depth) + 1):
+        job = golden.make_job(bench.params, bounds=[accesses], strides=[cfg.lanes])
+        vectors = bench.queue_write(job, [[accesses] * cfg.lanes] * accesses, hold_data=True)
+        await ClockCycles(dut.clk, 12)
+        bench.send_write_data(vectors)
+        await bench.writes_done(100 + 10 * accesses)
+        bench.queue_read(job)
+        await wait_for(dut, lambda: len(bench.r.received) == len(bench.expected), 100, "reads")
+        await ClockCycles(dut.clk, 4)
+        for port, start, end in (("w", bench.wjob.sent_edges[-1], bench.w.sent_edges[-1]),
+                                 ("r", bench.rjob.sent_edges[-1], bench.r.received[-1][0] - 3)):
+            first = max(start - 2, min(samples[port]))
+            seen = [edge for edge in range(first, end + 4) if samples[port][edge]]
+            assert seen == list(range(start + 2, end + 1)), \
+                f"{port}_busy high at edges {seen}, expected {start + 2}..{end} " \
+                f"({accesses} accesses, descriptor at {start})"
+    sampler.cancel()
+    bench.check_reads()
+
+
+@cocotb.test()
 async def test_read_waits_for_write(dut):
     """wait_other: a read queued behind a write that starves for data stays idle until the
-    write's last access, then reads the new words (read-after-write between jobs), even while
-    a write chained behind that one keeps the write port busy."""
+    write's last access, then reads the new words (read-after-write between jobs) on the
+    edges of a descriptor taken at that access, even while a write chained behind that one
+    keeps the write port busy."""
     bench = await _setup(dut, "raw")
     cfg = bench.cfg
     region = {"bounds": [2], "strides": [cfg.lanes]}
@@ -279,7 +317,10 @@ async def test_read_waits_for_write(dut):
     assert not dut.r_busy.value and not bench.r.received, "read started before the write ended"
     bench.send_write_data(vectors)
     await wait_for(dut, lambda: len(bench.r.received) == 2, 100, "reads")
-    assert bench.r.received[0][0] > bench.w.sent_edges[-1], "read issued before the last write"
+    # It starts as if its descriptor were taken at the edge of the write's last beat.
+    completed = bench.w.sent_edges[-1]
+    assert [e - completed for e, _ in bench.r.received] == \
+        golden.read_beat_edges(bench.r_costs), "the waiting read's beats (docs/blocks/pmu.md)"
     assert dut.w_busy.value, "the chained write should still wait for its data"
     bench.send_write_data(later_vectors)
     await bench.writes_done(100, "chained write done")
