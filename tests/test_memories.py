@@ -27,10 +27,15 @@ def test_sram_macros_replace_the_synchronous_memories(tmp_path):
     block = get_block("pmu")
     v_path, _, info = generate(block, block.config(), tmp_path, sram=True)
     sram = info["sram"]
-    assert [m["path"] for m in sram["macros"]] == [f"banks.bank{b}.macro" for b in range(8)]
-    assert {m["macro"] for m in sram["macros"]} == {"moegen_sram_64x16_1r1w"}
+    # The 8 banks, then each address generator's access queue (a SyncFIFOBuffered: 4 stored
+    # words of an access's 108 bits, docs/toolchain.md).
+    queues = [f"{port}_agen.accesses.storage.macro" for port in ("read", "write")]
+    assert [m["path"] for m in sram["macros"]] == \
+        [f"banks.bank{b}.macro" for b in range(8)] + queues
+    assert {m["macro"] for m in sram["macros"]} == {"moegen_sram_64x16_1r1w",
+                                                    "moegen_sram_4x108_1r1w"}
     assert all((m["depth"], m["width"], m["read_ports"], m["transparent"]) == (64, 16, 1, False)
-               for m in sram["macros"])
+               for m in sram["macros"][:8])
     assert sram["macros"][0]["ports"] == [
         {"name": "clk", "direction": "in", "width": 1},
         {"name": "w_en", "direction": "in", "width": 1},
