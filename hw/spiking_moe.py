@@ -368,7 +368,6 @@ class SpikingMoe(SisTieredComponent):
         the local weights of (tile, d) and, for column k, the spike of pair ``col*C + k``."""
         cfg = self.config
         C, T, D = cfg.cols, cfg.max_timesteps, cfg.max_d_in
-        token_bits = bits_for(cfg.max_tokens)
         advance = Signal(name=f"dispatch{e}_advance")
         # The core's (token, timestep) pairs, registered (clock rate: the product was on the
         # path from the routed count into the column registers). The count is final from the
