@@ -30,7 +30,8 @@ import math
 from fractions import Fraction
 
 __all__ = ["Format", "FORMATS", "decode", "encode", "components", "e8m0_decode", "add",
-           "DotConfig", "dot", "exact_dot", "logfmt_encode", "logfmt_decode"]
+           "multiply", "scale_cast", "DotConfig", "dot", "exact_dot", "logfmt_encode",
+           "logfmt_decode"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +176,35 @@ def add(a, b, fmt):
     if total == 0:
         return (1 << (fmt.width - 1)) if (sign_a and sign_b) else 0
     return encode(total, fmt)
+
+
+def multiply(a, fmt_a, b, fmt_b, dst, shift=0):
+    """The code of ``dst`` for a * b * 2**-shift, rounded once under the cast rule (nearest
+    even, subnormals kept, a finite product past the largest finite value saturates).
+
+    ``fmt_b`` None: b is an unsigned integer (a gate weight). A NaN operand or an infinity times
+    zero gives ``dst``'s canonical NaN (sign bit 0); an infinity times a nonzero gives the
+    infinity of the product's sign (the largest finite value where ``dst`` has none); a zero
+    product is a zero with the product's sign (the exclusive or of the signs)."""
+    dst = _format(dst)
+    kind_a, sign_a, m_a, x_a = components(a, fmt_a)
+    kind_b, sign_b, m_b, x_b = components(b, fmt_b) if fmt_b is not None else ("num", 0, b, 0)
+    sign = sign_a ^ sign_b
+    zero_a, zero_b = kind_a == "num" and m_a == 0, kind_b == "num" and m_b == 0
+    if "nan" in (kind_a, kind_b) or (kind_a == "inf" and zero_b) or (kind_b == "inf" and zero_a):
+        return dst.canonical_nan
+    if "inf" in (kind_a, kind_b):
+        return encode(-math.inf if sign else math.inf, dst)
+    if zero_a or zero_b:
+        return sign << (dst.width - 1)
+    value = Fraction(m_a * m_b) * Fraction(2) ** (x_a + x_b - shift)
+    return encode(-value if sign else value, dst)
+
+
+def scale_cast(code, src, dst, shift=0):
+    """The code of ``dst`` for code's value times 2**-shift (:func:`multiply` by one): the cast
+    rule, a zero keeping its sign, a NaN giving ``dst``'s canonical NaN with sign bit 0."""
+    return multiply(code, src, 1, None, dst, shift)
 
 
 def e8m0_decode(code):

@@ -34,6 +34,24 @@ lane ``d % lanes`` of x flit ``d // lanes``, missing lanes 0). A chiplet's retur
 number of flits (the NoP drops a return of another length), lanes of ``combine_width`` bits:
 zero header flits, then its aggregated values in the x positions. The root's combined packet,
 header flits dropped, is y.
+
+Floating point (``dtype`` fp8_e4m3 or fp8_e5m2, issue 17): x, the FFN weights and the
+activation table hold codes of ``dtype`` (``golden.fp``'s formats and cast rule); scales are 1.
+
+1'. The gate stays in higher precision, as DeepSeek-V3 keeps its gating modules (seed 003
+    §3.3): each x code is taken exactly as a fixed-point integer ``fixed_x`` = value *
+    2**FIXED_FRACTION[dtype] (the smallest subnormal is 1; NaN as 0, an infinity as the
+    largest finite value), and steps 1-4 run on those integers with the integer W_g.
+
+5'. ``g = scale_cast(Wg·x, fp32, dtype, shift_g)`` and ``u`` likewise with ``shift_u``, where a
+    product ``W·x`` is the chiplet's systolic tile in floating point
+    (``golden.systolic.fp_tile_result``: K split over ``tile_arrays`` slices of ceil(K/n),
+    each an ``fp_dot`` of group 1 with ``acc_frac`` and ``promote_every``, the slices' FP32
+    results added pairwise); ``h = multiply(act_lut[g], u, dtype, shift_h)``; ``y = Wd·h``
+    (FP32 codes). A shift is a power of two (2**-shift) folded into the one rounding.
+6'. A chiplet's return: per element, starting from +0, for its chosen experts in the order it
+    applies them (its slot order) ``sum = add(sum, multiply(y_e, g_e, fp32, gate_shift))`` in
+    FP32, each step rounded; returned as FP32 codes, or cast to BF16 (``combine_dtype``).
 """
 
 import dataclasses
@@ -41,13 +59,14 @@ import math
 
 import numpy as np
 
-from golden import ndp, placement, router
+from golden import fp, ndp, nop, placement, router
 from golden.pmu import READ_LATENCY
-from golden.systolic import PE_STAGES
+from golden.systolic import fp_tile_result, pe_stages
 from golden.fixed import wrap
 
 __all__ = ["MoELayer", "score_codes", "gate_weights", "dispatch_flits", "parse_header",
-           "chiplet_return", "layer", "mac_bound", "expert_macs", "header_flits",
+           "chiplet_return", "fp_activation_lut", "fixed_x", "FIXED_FRACTION", "layer",
+           "mac_bound", "expert_macs", "header_flits",
            "chiplet_stream_returns", "chiplet_stream_edges",
            "gate_latency", "ChipletShape", "weight_beats", "chiplet_figures",
            "chiplet_batch_edges", "community_workload", "placements", "stream_order",
@@ -129,6 +148,14 @@ class MoELayer:
     lanes: int = 4
     shared: bool = False
     leaves: int = 0              # chiplets of the layer (0: as many as the placement uses)
+    dtype: str = "int"           # the expert datapath: int, fp8_e4m3 or fp8_e5m2
+    acc_frac: int = 13           # floating point: the tile's accumulator fraction bits,
+    promote_every: int = 128     # its promotion interval,
+    tile_arrays: int = 1         # the arrays its K is split over,
+    combine_dtype: str = "int"   # and the return lanes' format (bf16 or fp32)
+    slot_of: tuple = ()          # floating point: each expert's slot on its chiplet (the order
+    fanouts: tuple = ()          # a chiplet adds its experts in; default ascending) and the
+                                 # NoP tree (the order the switches add the returns in)
 
     @property
     def routed(self):
@@ -149,18 +176,99 @@ class MoELayer:
         return len(self.experts[0][0])
 
     def ffn(self, expert, x):
+        """y of expert e for x: integers (step 5), or FP32 codes (step 5')."""
         wg, wu, wd = self.experts[expert]
+        if self.dtype != "int":
+            return _fp_ffn(self, wg, wu, wd, x)
         return ndp.ffn_expert(wg, wu, wd, x, self.act_lut, self.shifts, self.in_width,
                               self.acc_width)
 
 
-def chiplet_return(model, leaf, choices, x):
-    """What chiplet ``leaf`` returns for a token (step 6): its aggregated values, one per
-    element of x. ``choices``: ``[(expert, gate)]`` of the token."""
+def fp_activation_lut(name, dtype):
+    """The activation table of a floating-point chiplet: entry c (an FP8 code of ``dtype``)
+    holds f(value of c) cast to ``dtype`` (``golden.fp.encode``); NaN gives NaN, an infinity
+    its limit (silu: +inf, -0; relu: +inf, +0)."""
+    functions = {"silu": lambda v: v / (1.0 + math.exp(-v)), "relu": lambda v: max(v, 0.0)}
+    f = functions[name]
+    table = []
+    for code in range(1 << fp.FORMATS[dtype].width):
+        value = fp.decode(code, dtype)
+        if math.isinf(value):
+            result = value if value > 0 else (-0.0 if name == "silu" else 0.0)
+        elif math.isnan(value):
+            result = value
+        else:
+            result = f(value) if value > -700 else -0.0
+        table.append(fp.encode(result, dtype) if not math.isnan(result)
+                     else fp.FORMATS[dtype].canonical_nan)
+    return table
+
+
+FIXED_FRACTION = {"fp8_e4m3": 9, "fp8_e5m2": 16}    # -(exponent of the smallest subnormal)
+
+
+def fixed_x(code, dtype):
+    """An FP8 x code as the gate takes it: its value times 2**FIXED_FRACTION[dtype], an exact
+    integer; NaN as 0, an infinity as the largest finite value of its sign."""
+    kind, sign, m, x = fp.components(code, dtype)
+    if kind == "nan":
+        return 0
+    if kind == "inf":
+        kind, _, m, x = fp.components(fp.FORMATS[dtype].max_code, dtype)
+    magnitude = m << (x + FIXED_FRACTION[dtype])
+    return -magnitude if sign else magnitude
+
+
+def _fp_matvec(model, matrix, vector):
+    """``matrix · vector`` (codes of ``dtype``) as the chiplet's floating-point tile computes
+    it: FP32 codes, one per row of the matrix."""
+    n, size = model.tile_arrays, len(vector)
+    depth = -(-size // n)
+
+    def sliced(values, s):
+        part = list(values[s * depth:(s + 1) * depth])
+        return part + [0] * (depth - len(part))
+
+    config = fp.DotConfig(group=1, acc_frac=model.acc_frac, promote_every=model.promote_every)
+    a_slices = [[sliced(vector, s)] for s in range(n)]
+    b_slices = [[list(column) for column in zip(*[sliced(row, s) for row in matrix])]
+                for s in range(n)]
+    blocks = [-(-depth // config.scale_block)]
+    return fp_tile_result(a_slices, b_slices, model.dtype, config,
+                          [[[1.0] * blocks[0]] for _ in range(n)],
+                          [[1.0] * blocks[0] for _ in range(n)])[0]
+
+
+def _fp_ffn(model, wg, wu, wd, x):
+    shift_g, shift_u, shift_h = model.shifts
+    dtype = model.dtype
+    g = [fp.scale_cast(v, "fp32", dtype, shift_g) for v in _fp_matvec(model, wg, x)]
+    u = [fp.scale_cast(v, "fp32", dtype, shift_u) for v in _fp_matvec(model, wu, x)]
+    h = [fp.multiply(model.act_lut[a], dtype, b, dtype, dtype, shift_h) for a, b in zip(g, u)]
+    return _fp_matvec(model, wd, h)
+
+
+def chiplet_return(model, leaf, choices, x, order=None):
+    """What chiplet ``leaf`` returns for a token (step 6, or 6' in floating point): its
+    aggregated values, one per element of x. ``choices``: ``[(expert, gate)]`` of the token;
+    ``order``: the chiplet's experts in the order it applies them (default: by
+    ``model.slot_of``, else ascending), which only floating point depends on."""
+    held = [(e, g) for e, g in choices if model.placement[e] == leaf]
+    if model.dtype != "int":
+        if order is not None:
+            rank = {e: i for i, e in enumerate(order)}
+        else:
+            rank = dict(enumerate(model.slot_of))
+        total = [0] * len(x)
+        for expert, gate in sorted(held, key=lambda c: (rank.get(c[0], c[0]), c[0])):
+            total = [fp.add(t, fp.multiply(y, "fp32", gate, None, "fp32", model.gate_shift),
+                            "fp32") for t, y in zip(total, model.ffn(expert, x))]
+        if model.combine_dtype == "bf16":
+            return [fp.scale_cast(t, "fp32", "bf16") for t in total]
+        return total
     total = np.zeros(len(x), dtype=object)
-    for expert, gate in choices:
-        if model.placement[expert] == leaf:
-            total = total + gate * np.asarray(model.ffn(expert, x), dtype=object)
+    for expert, gate in held:
+        total = total + gate * np.asarray(model.ffn(expert, x), dtype=object)
     return [ndp.requant(v, model.gate_shift, model.combine_width) for v in total]
 
 
@@ -182,15 +290,19 @@ def layer(model, tokens):
     -------
     dict
         ``codes``, ``experts``, ``gates``, ``masks`` and ``y`` per token (y: D values, signed
-        ``combine_width``); ``chiplet_tokens`` (tokens each chiplet received) and
+        ``combine_width``, or in floating point ``combine_dtype`` codes combined in the
+        tree's order, step 7'); ``chiplet_tokens`` (tokens each chiplet received) and
         ``chiplet_macs`` (its FFN multiply-accumulates); ``replication`` (chiplets per token).
     """
     chiplets = max(model.leaves, max(model.placement) + 1)
     out = {"codes": [], "experts": [], "gates": [], "masks": [], "y": [],
            "chiplet_tokens": [0] * chiplets, "chiplet_macs": [0] * chiplets}
     per_expert = expert_macs(model.d_model, model.d_ff)
+    floating = model.dtype != "int"
     for x in tokens:
-        codes = score_codes(x, model.wg, model.acc_width, model.score_shift, model.score_width)
+        gate_x = [fixed_x(code, model.dtype) for code in x] if floating else x
+        codes = score_codes(gate_x, model.wg, model.acc_width, model.score_shift,
+                            model.score_width)
         experts, _ = router.route(codes, model.k, model.groups, model.topk_groups)
         gates = gate_weights(codes, experts, model.gate_lut)
         choices = model.choices(experts, gates)
@@ -198,15 +310,38 @@ def layer(model, tokens):
         total = np.zeros(len(x), dtype=object)
         for leaf in range(chiplets):
             if (mask >> leaf) & 1:
-                total = total + np.asarray(chiplet_return(model, leaf, choices, x), dtype=object)
+                if not floating:
+                    total = total + np.asarray(chiplet_return(model, leaf, choices, x),
+                                               dtype=object)
                 out["chiplet_tokens"][leaf] += 1
+        y = _float_combine(model, mask, choices, x) if floating else [
+            wrap(v, model.combine_width) for v in total]
         for expert, _ in choices:
             out["chiplet_macs"][model.placement[expert]] += per_expert
         for key, value in (("codes", codes), ("experts", experts), ("gates", gates),
-                           ("masks", mask), ("y", [wrap(v, model.combine_width) for v in total])):
+                           ("masks", mask), ("y", y)):
             out[key].append(value)
     out["replication"] = sum(bin(m).count("1") for m in out["masks"]) / max(1, len(tokens))
     return out
+
+
+def _float_combine(model, mask, choices, x):
+    """Step 7': the chiplets' returns (``combine_dtype`` codes) added by the NoP tree
+    (``golden.nop.combine``: each switch adds its children's in child order, each addition
+    rounded); y is the combined packet's x positions."""
+    lanes, head = model.lanes, header_flits(len(choices), model.lanes)
+    flits = head + -(-len(x) // lanes)
+
+    def leaf_output(leaf, packet):
+        values = chiplet_return(model, leaf, choices, x)
+        body = [[values[b * lanes + lane] if b * lanes + lane < len(x) else 0
+                 for lane in range(lanes)] for b in range(flits - head)]
+        return [[0] * lanes for _ in range(head)] + body
+
+    packet = {"mask": mask, "flits": [[0] * lanes for _ in range(flits)]}
+    combined = nop.combine([packet], leaf_output, model.combine_width, model.combine_dtype,
+                           model.fanouts)[0]
+    return [v for flit in combined[head:] for v in flit][:len(x)]
 
 
 def stream_order(model, tokens, leaves, slots, heaviest_first=True, batch=None):
@@ -261,6 +396,7 @@ class ChipletShape:
     rows: int
     cols: int
     arrays: int
+    dtype: str = "int"           # the tile's PEs: int, or a floating-point format
 
     @property
     def k_x(self):
@@ -378,7 +514,8 @@ def chiplet_batch_edges(slot_tokens, shape, tokens, loaded=None):
     is at least ``READ_LATENCY + 2`` edges after it is planned (its weights' job is taken the
     next edge), and after the previous phase's last pair; a down phase
     starts once its group's last gate/up result row is written into h (the tile gives it out
-    ``C + 3 + (R-1) + ceil(log2 n)`` edges after the last pair, and it is written
+    ``C + 2 + P + (R-1) + ceil(log2 n)`` edges after the last pair (P: the PEs' product
+    registers, 1 for int, 0 in floating point), and it is written
     ``RESULT_STAGES`` edges later), plus one edge. The tile takes one pair per edge and a
     tile's last pair at least R edges after the previous tile's. The returns start two edges
     after the last result row is written, at the earliest three after the plan is done: H + X
@@ -392,7 +529,7 @@ def chiplet_batch_edges(slot_tokens, shape, tokens, loaded=None):
     loaded = list(loaded) if loaded is not None else [None] * len(slot_tokens)
     R, C = shape.rows, shape.cols
     tree = (shape.arrays - 1).bit_length()
-    tile_lag = C + 2 + PE_STAGES + (R - 1) + tree    # last pair -> last result row out
+    tile_lag = C + 2 + pe_stages(shape.dtype) + (R - 1) + tree   # last pair -> last row out
     result_lag = tile_lag + RESULT_STAGES            # ... -> written into h or the sums
     # The plan: phases (("gu"|"down", group)) and planner actions in order.
     actions, groups = [], 0

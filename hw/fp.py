@@ -29,6 +29,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from golden import fp as golden
+from hw.fparith import fp_fields
 from hw.params import ConfiguredComponent, choice_param, int_param, param_error, validate
 from hw.pipeline import leading_one, max_tree
 from hw.registry import Block, register
@@ -103,23 +104,7 @@ def result_layout(config):
 
 def _operand(m, code, name, fmt):
     """``(nan, inf, sign, mantissa, exponent of its last bit)`` of a code of ``fmt``."""
-    man = code[:fmt.man_bits]
-    field = code[fmt.man_bits:fmt.man_bits + fmt.exp_bits]
-    top = (1 << fmt.exp_bits) - 1
-    if fmt.ieee:
-        special = field == top
-        nan, inf = special & (man != 0), special & (man == 0)
-    else:
-        special = (field == top) & (man == (1 << fmt.man_bits) - 1)
-        nan, inf = special, Const(0)
-    subnormal = field == 0
-    mantissa = Signal(fmt.man_bits + 1, name=f"{name}_m")
-    exponent = Signal(signed(ACC_EXPONENT_BITS + 1), name=f"{name}_x")
-    m.d.comb += [mantissa.eq(Mux(special, 0, Cat(man, ~subnormal))),
-                 exponent.eq(Mux(subnormal, fmt.emin - fmt.man_bits,
-                                 Cat(field, Const(0, 2)).as_signed()
-                                 - (fmt.bias + fmt.man_bits)))]
-    return nan, inf, code[fmt.width - 1], mantissa, exponent
+    return fp_fields(m, code, fmt, name, ACC_EXPONENT_BITS + 1)
 
 
 class FpAccumulator:

@@ -1,4 +1,4 @@
-"""The Mozart MoE layer as generated hardware (issue 16, under construction): its first block,
+"""The Mozart MoE layer as generated hardware (issue 16; FP8 datapaths, issue 17): its first block,
 ``moe_gate``, the root of the layer: gate scores on chip, node-limited top-k routing, gate
 weights from a run-time table, and the NoP dispatch packet of every token.
 
@@ -24,17 +24,19 @@ import dataclasses
 import math
 import types
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
+from golden import fp as golden_fp
 from golden import moe_layer as golden
 from golden import router as golden_router
-from hw.params import (ConfiguredComponent, TieredComponent, int_param, like_param,
-                       param_error, validate)
+from hw.fparith import fp_add, fp_fields, fp_multiply, fp_scale_cast
+from hw.params import (ConfiguredComponent, TieredComponent, choice_param, int_param,
+                       like_param, param_error, validate)
 from hw.pipeline import StallPipe, or_tree, requant, select
 from hw.registry import Block, register
 from hw.nop import NopConfig, NopTree, down_layout, up_layout
@@ -95,6 +97,10 @@ class MoEGateConfig(PacketShape):
     data_width : int
         Bits of a NoP flit lane (2..32): at least in_width, and a header entry (expert index
         and gate weight) must fit.
+    dtype : str
+        ``int``, or ``fp8_e4m3``/``fp8_e5m2``: x elements are FP8 codes (in_width 8), taken
+        exactly as fixed-point integers for the scores (``golden.moe_layer.fixed_x``); W_g
+        stays integer (the gate in higher precision, as seed 003 §3.3 keeps it).
     """
     experts: int = int_param(8, 2, 64, "E, experts")
     k: int = int_param(2, 1, 8, "experts chosen per token")
@@ -113,9 +119,14 @@ class MoEGateConfig(PacketShape):
     data_width: int = int_param(16, 2, 32, "bits of a NoP flit lane")
     shared: int = int_param(0, 0, 1, "1: a shared expert (id E) in every token's packet")
     shared_leaf: int = int_param(0, 0, 63, "leaf of the shared expert")
+    dtype: str = choice_param("int", ("int", "fp8_e4m3", "fp8_e5m2"),
+                              "x elements: integers, or FP8 codes")
 
     def __post_init__(self):
         validate(self)
+        if self.dtype != "int" and self.in_width != 8:
+            raise param_error("in_width", self.in_width,
+                              f"8 with dtype {self.dtype} (x elements are FP8 codes)")
         self.router_config()            # the router's cross-field rules, with its messages
         if self.shared_leaf >= self.leaves:
             raise param_error("shared_leaf", self.shared_leaf,
@@ -146,8 +157,25 @@ class MoEGateConfig(PacketShape):
 
 def x_layout(config):
     return data.StructLayout({"token": config.token_width,
-                              "data": data.ArrayLayout(signed(config.in_width), config.lanes),
+                              "data": data.ArrayLayout(_element(config, config.in_width),
+                                                       config.lanes),
                               "last": 1})
+
+
+def _fixed_x(m, code, dtype, name):
+    """An FP8 x code as the gate's exact fixed-point integer (``golden.moe_layer.fixed_x``):
+    the mantissa shifted up by its exponent plus the fraction bits; NaN 0, an infinity the
+    largest finite value of its sign."""
+    fmt = golden_fp.FORMATS[dtype]
+    largest = golden.fixed_x(fmt.max_code, dtype)
+    nan, inf, sign, mantissa, exponent = fp_fields(m, code, fmt, name)
+    shift = Signal(range(largest.bit_length() + 1), name=f"{name}_shift")
+    magnitude = Signal(largest.bit_length(), name=f"{name}_magnitude")
+    value = Signal(signed(largest.bit_length() + 1), name=f"{name}_fixed")
+    m.d.comb += [shift.eq(exponent + golden.FIXED_FRACTION[dtype]),
+                 magnitude.eq(Mux(inf, largest, mantissa << shift)),
+                 value.eq(Mux(nan, 0, Mux(sign, -magnitude, magnitude)))]
+    return value
 
 
 def wg_layout(config):
@@ -260,9 +288,14 @@ class MoEGate(ConfiguredComponent):
         beat_final = pipe.reg(final, "beat_final")
         beat_token = pipe.reg(self.x.payload.token, "beat_token")
         beat_x = pipe.reg(self.x.payload.data.as_value(), "beat_x")
-        product_width = cfg.in_width + cfg.w_width
+        lanes_x = [beat_x[l * cfg.in_width:(l + 1) * cfg.in_width].as_signed()
+                   for l in range(L)]
+        if cfg.dtype != "int":                  # FP8 codes: their exact fixed-point values
+            lanes_x = [_fixed_x(m, lane.as_unsigned(), cfg.dtype, f"x_{l}")
+                       for l, lane in enumerate(lanes_x)]
+        product_width = len(lanes_x[0]) + cfg.w_width
         products = [[pipe.reg(
-            (beat_x[l * cfg.in_width:(l + 1) * cfg.in_width].as_signed() *
+            (lanes_x[l] *
              read.data[l * row_bits + e * cfg.w_width:
                        l * row_bits + (e + 1) * cfg.w_width].as_signed())[:product_width]
             .as_signed(), f"product_{e}_{l}") for l in range(L)] for e in range(E)]
@@ -317,8 +350,11 @@ class MoEGate(ConfiguredComponent):
             header = select(flit, [entries[j * L + lane] if j * L + lane < len(entries)
                                    else Const(0)
                                    for j in range(H)])
-            element = fifo.r_data[lane * cfg.in_width:(lane + 1) * cfg.in_width].as_signed()
-            # A header lane carries the entry's bits; an x lane its element, sign-extended.
+            element = fifo.r_data[lane * cfg.in_width:(lane + 1) * cfg.in_width]
+            if cfg.dtype == "int":
+                element = element.as_signed()
+            # A header lane carries the entry's bits; an x lane its element, sign-extended
+            # (an FP8 code: zero-extended).
             m.d.comb += out.payload.data[lane].eq(Mux(in_header, header, element))
         with m.If(sent):
             m.d.sync += flit.eq(flit + 1)
@@ -390,6 +426,16 @@ class ExpertChipletConfig(PacketShape):
     token_banks : int
         Banks of ``batch`` token slots (1..3), used in turn: while one bank's batch is
         computed, the next bank collects and a finished one returns its tokens.
+    dtype : str
+        The expert datapath: ``int`` (the default: the integer datapath above), or
+        ``fp8_e4m3``/``fp8_e5m2``: x, weights, activations and h are FP8 codes (in_width and
+        w_width 8), the tile's PEs floating point (``acc_frac``, ``promote_every``, unit
+        scales), the shifts powers of two folded into each rounding.
+    acc_frac, promote_every : int
+        Floating point: the tile's accumulator fraction bits and promotion interval.
+    combine_dtype : str
+        The return lanes: ``int`` (signed ``combine_width`` bits) with an int ``dtype``;
+        ``bf16`` or ``fp32`` codes (``combine_width`` 16 or 32) with a floating-point one.
     """
     experts: int = like_param(MoEGateConfig, "experts")
     k: int = like_param(MoEGateConfig, "k")
@@ -416,9 +462,16 @@ class ExpertChipletConfig(PacketShape):
     batch_wait: int = int_param(16, 1, 255, "idle cycles that close a partial batch")
     queue_tokens: int = int_param(8, 0, 32, "packets the input queue holds (0: none)")
     token_banks: int = int_param(2, 1, 3, "banks of token slots: collect, compute, return")
+    dtype: str = choice_param("int", ("int", "fp8_e4m3", "fp8_e5m2"),
+                              "expert datapath: integers, or FP8 codes")
+    acc_frac: int = like_param(SystolicTileConfig, "acc_frac")
+    promote_every: int = like_param(SystolicTileConfig, "promote_every")
+    combine_dtype: str = choice_param("int", ("int", "bf16", "fp32"),
+                                      "return lanes: integers, or BF16/FP32 codes")
 
     def __post_init__(self):
         validate(self)
+        self._check_float()
         if self.k > self.experts:
             raise param_error("k", self.k, f"an integer in 1..experts (1..{self.experts})")
         if self.data_width < self.in_width:
@@ -437,11 +490,38 @@ class ExpertChipletConfig(PacketShape):
                               "fewer: the scratchpad would need more than 65536 words per bank "
                               f"({self._bank_depth()})")
 
+    def _check_float(self):
+        if self.dtype == "int":
+            if self.combine_dtype != "int":
+                raise param_error("combine_dtype", self.combine_dtype,
+                                  "'int' with dtype 'int' (the return lanes are integers)")
+            return
+        for name in ("in_width", "w_width"):
+            if getattr(self, name) != 8:
+                raise param_error(name, getattr(self, name),
+                                  f"8 with dtype {self.dtype} (its elements are FP8 codes)")
+        if self.combine_dtype == "int":
+            raise param_error("combine_dtype", self.combine_dtype,
+                              f"'bf16' or 'fp32' with dtype {self.dtype}")
+        width = golden_fp.FORMATS[self.combine_dtype].width
+        if self.combine_width != width:
+            raise param_error("combine_width", self.combine_width,
+                              f"{width} with combine_dtype {self.combine_dtype} (its codes)")
+        self.tile_config()                   # promote_every: the tile's rule
+
+    def tile_config(self):
+        """The systolic tile: integers of ``tile_width`` bits, or the FP8 PEs (unit scales)."""
+        extra = {} if self.dtype == "int" else {
+            "dtype": self.dtype, "acc_frac": self.acc_frac,
+            "promote_every": self.promote_every, "scale_format": "fp32"}
+        return SystolicTileConfig(rows=self.rows, cols=self.cols, arrays=self.arrays,
+                                  in_width=self.tile_width, acc_width=self.acc_width, **extra)
+
     @property
     def schedule(self):
         """The sizes of the tile schedule (``golden.moe_layer.ChipletShape``)."""
         return golden.ChipletShape(d_model=self.d_model, d_ff=self.d_ff, rows=self.rows,
-                                   cols=self.cols, arrays=self.arrays)
+                                   cols=self.cols, arrays=self.arrays, dtype=self.dtype)
 
     @property
     def queue_flits(self):
@@ -472,17 +552,25 @@ class ExpertChipletConfig(PacketShape):
         """The flit fields ``hw.nop``'s layouts read (combine lanes are ``combine_width``)."""
         return types.SimpleNamespace(token_width=self.token_width, leaves=self.leaves,
                                      data_width=self.data_width, lanes=self.lanes,
-                                     acc_width=self.combine_width)
+                                     acc_width=self.combine_width,
+                                     combine_dtype=self.combine_dtype)
 
 
 def weights_layout(config):
     """A weight beat: ``slot``, ``expert`` (read on a load's first beat), ``data`` (n*C signed
-    weights, the tile-order layout of ``golden.moe_layer.weight_beats``), ``last``."""
+    weights or FP8 codes, the tile-order layout of ``golden.moe_layer.weight_beats``),
+    ``last``."""
     return data.StructLayout({
         "slot": max(1, ceil_log2(config.slots)),
         "expert": max(1, ceil_log2(config.experts)),
-        "data": data.ArrayLayout(signed(config.w_width), config.schedule.weight_lanes),
+        "data": data.ArrayLayout(_element(config, config.w_width),
+                                 config.schedule.weight_lanes),
         "last": 1})
+
+
+def _element(config, width):
+    """An x, weight or table element: a signed integer, or an FP8 code (unsigned bits)."""
+    return signed(width) if config.dtype == "int" else unsigned(width)
 
 
 def assign_layout(config):
@@ -492,7 +580,8 @@ def assign_layout(config):
 
 
 def act_lut_layout(config):
-    return data.StructLayout({"index": config.in_width, "value": signed(config.in_width)})
+    return data.StructLayout({"index": config.in_width,
+                              "value": _element(config, config.in_width)})
 
 
 class ExpertChiplet(TieredComponent):
@@ -550,8 +639,10 @@ class ExpertChiplet(TieredComponent):
                         for i in range(len(banks[0]))]
             return select(index, banks)
 
-        tile = m.submodules.tile = SystolicTile(SystolicTileConfig(
-            rows=R, cols=C, arrays=n, in_width=cfg.tile_width, acc_width=cfg.acc_width))
+        floating = cfg.dtype != "int"
+        if floating:
+            code_fmt, fp32 = golden_fp.FORMATS[cfg.dtype], golden_fp.FORMATS["fp32"]
+        tile = m.submodules.tile = SystolicTile(cfg.tile_config())
         pmu_cfg = cfg.pmu_config()
         pmu = m.submodules.scratchpad = PMU(pmu_cfg, tier=self.tier)
         if self.tier == "top":
@@ -568,7 +659,7 @@ class ExpertChiplet(TieredComponent):
                     *[job.bank_pos[b].eq(b) for b in range(pmu_cfg.bank_bits)]]
 
         # --- activation table: 2**in_width signed entries, zero at start-up, kept through reset
-        lut = m.submodules.act_table = Memory(shape=signed(iw), depth=1 << iw, init=[])
+        lut = m.submodules.act_table = Memory(shape=_element(cfg, iw), depth=1 << iw, init=[])
         lut_write = lut.write_port()
         m.d.comb += [self.act_lut.ready.eq(1), lut_write.en.eq(self.act_lut.valid),
                      lut_write.addr.eq(self.act_lut.payload.index),
@@ -615,7 +706,9 @@ class ExpertChiplet(TieredComponent):
              for t in range(TT)]
         gates = [[Signal(cfg.gate_width, name=f"gate_{t}_{s}", reset_less=True)
                   for s in range(S)] for t in range(TT)]
-        sums = [[Signal(signed(sum_bits), name=f"sum_{t}_{d}", reset_less=True)
+        # (floating point: FP32 codes, +0 when a token arrives)
+        sum_shape = unsigned(32) if floating else signed(sum_bits)
+        sums = [[Signal(sum_shape, name=f"sum_{t}_{d}", reset_less=True)
                  for d in range(D)] for t in range(TT)]
         chosen = [Signal(S, name=f"chosen_{t}", reset_less=True) for t in range(TT)]
         # Per bank and expert slot: the token slots that chose it, in arrival order.
@@ -925,6 +1018,10 @@ class ExpertChiplet(TieredComponent):
                      pmu.r.ready.eq(tile.b.ready)]
         m.d.comb += [tile.b.payload.data[v].eq(pmu.r.payload.data[v].as_signed())
                      for v in range(V)]
+        if floating:                                   # unit scales: the codes are the values
+            one = golden_fp.encode(1.0, "fp32")
+            m.d.comb += [*[scale.eq(one) for scale in a.payload.scale],
+                         *[scale.eq(one) for scale in tile.b.payload.scale]]
         for i in range(R):
             row_ok = i < phase.rows
             x_row = [row_select(phase.token[i], i, [x[t][d] for t in range(TT)])
@@ -995,14 +1092,27 @@ class ExpertChiplet(TieredComponent):
         lut_reads = [lut.read_port(domain="comb") for _ in range(C)]
         row_gate1 = select(row1, list(head1.gate))
         row_token3 = select(row3, list(head3.token))
+        weighted_shape = unsigned(32) if floating else signed(product_bits)
         for j in range(C):
-            # stage 2: the codes and the gate-weighted product of the row's value
+            # stage 2: the codes and the gate-weighted product of the row's value (floating
+            # point: an FP32 code cast to FP8 times 2**-shift, and times gate * 2**-gate_shift)
             g_code2 = Signal(signed(iw), name=f"g_code2_{j}", reset_less=True)
             u_code2 = Signal(signed(iw), name=f"u_code2_{j}", reset_less=True)
-            weighted2 = Signal(signed(product_bits), name=f"weighted2_{j}", reset_less=True)
-            m.d.sync += [g_code2.eq(requant(m, value1[j], cfg.shift_g, iw, f"g_code_{j}")),
-                         u_code2.eq(requant(m, value1[j], cfg.shift_u, iw, f"u_code_{j}")),
-                         weighted2.eq(value1[j] * Cat(row_gate1, Const(0, 1)).as_signed())]
+            weighted2 = Signal(weighted_shape, name=f"weighted2_{j}", reset_less=True)
+            if floating:
+                value = value1[j].as_unsigned()
+                m.d.sync += [
+                    g_code2.eq(fp_scale_cast(m, value, fp32, code_fmt, cfg.shift_g,
+                                             f"g_code_{j}")),
+                    u_code2.eq(fp_scale_cast(m, value, fp32, code_fmt, cfg.shift_u,
+                                             f"u_code_{j}")),
+                    weighted2.eq(fp_multiply(m, value, fp32, row_gate1, None, fp32,
+                                             cfg.gate_shift, f"weighted_{j}"))]
+            else:
+                m.d.sync += [
+                    g_code2.eq(requant(m, value1[j], cfg.shift_g, iw, f"g_code_{j}")),
+                    u_code2.eq(requant(m, value1[j], cfg.shift_u, iw, f"u_code_{j}")),
+                    weighted2.eq(value1[j] * Cat(row_gate1, Const(0, 1)).as_signed())]
             # stage 3: the activation of the gate code, and the activation times up
             m.d.comb += lut_reads[j].addr.eq(g_code2.as_unsigned())
             old = Signal(signed(iw), name=f"h_old_{j}")
@@ -1012,18 +1122,28 @@ class ExpertChiplet(TieredComponent):
                 for i in range(R) for q in range(2)]))
             act3 = Signal(signed(iw), name=f"act3_{j}", reset_less=True)
             h_product3 = Signal(signed(2 * iw), name=f"h_product3_{j}", reset_less=True)
-            weighted3 = Signal(signed(product_bits), name=f"weighted3_{j}", reset_less=True)
+            weighted3 = Signal(weighted_shape, name=f"weighted3_{j}", reset_less=True)
             # An up row reads the activation its chunk's gate row wrote; with one row between
             # them (R = 1, one beat a tile) that gate row is in stage 3, written only at this
             # edge: take its activation from there.
             pending = v3 & (head3.kind == 0) & (head3.parity == head2.parity) & \
                 (row3 == row2) & (head3.chunk == head2.chunk)
-            m.d.sync += [act3.eq(lut_reads[j].data),
-                         h_product3.eq(Mux(pending, act3, old) * u_code2),
-                         weighted3.eq(weighted2)]
+            if floating:                    # the two codes: multiplied and rounded as written
+                h_act3 = Signal(iw, name=f"h_act3_{j}", reset_less=True)
+                h_up3 = Signal(iw, name=f"h_up3_{j}", reset_less=True)
+                m.d.sync += [act3.eq(lut_reads[j].data), h_act3.eq(Mux(pending, act3, old)),
+                             h_up3.eq(u_code2), weighted3.eq(weighted2)]
+            else:
+                m.d.sync += [act3.eq(lut_reads[j].data),
+                             h_product3.eq(Mux(pending, act3, old) * u_code2),
+                             weighted3.eq(weighted2)]
             # written: h (gate: the activation; up: its product with the activation, which
             # an earlier gate row of the same chunk wrote), or the token's sum (down)
-            h_code = requant(m, h_product3, cfg.shift_h, iw, f"h_code_{j}")
+            if floating:
+                h_code = fp_multiply(m, h_act3, code_fmt, h_up3, code_fmt, code_fmt,
+                                     cfg.shift_h, f"h_code_{j}")
+            else:
+                h_code = requant(m, h_product3, cfg.shift_h, iw, f"h_code_{j}")
             new_h = Mux(head3.kind == 0, act3, h_code)
             for q in range(2):
                 for i in range(R):
@@ -1033,13 +1153,22 @@ class ExpertChiplet(TieredComponent):
                             with m.If(v3 & (head3.kind != 2) & (head3.parity == q) &
                                       (row3 == i) & (head3.chunk == cc)):
                                 m.d.sync += hbuf[q][i][f].eq(new_h)
+            if floating:
+                # One FP32 adder per column, on the sum the row's token and chunk select: a
+                # token's experts are added in slot order, each step rounded.
+                current = Signal(32, name=f"sum_read_{j}")
+                m.d.comb += current.eq(select(row_token3, [
+                    select(head3.chunk, [sums[t][cc * C + j] if cc * C + j < D else Const(0)
+                                         for cc in range(cD)]) for t in range(TT)]))
+                new_sum = fp_add(m, current, weighted3, fp32, f"sum_add_{j}")
             for t in range(TT):
                 for cc in range(cD):
                     d = cc * C + j
                     if d < D:
                         with m.If(v3 & (head3.kind == 2) & (row3 < head3.rows) &
                                   (row_token3 == t) & (head3.chunk == cc)):
-                            m.d.sync += sums[t][d].eq(sums[t][d] + weighted3)
+                            m.d.sync += sums[t][d].eq(new_sum if floating
+                                                      else sums[t][d] + weighted3)
 
         # --- drain, then emit one return packet per token, in arrival order ---
         with m.If(running & planned_all & ~plan.r_rdy):
@@ -1074,9 +1203,15 @@ class ExpertChiplet(TieredComponent):
                 d = b * L + lane
                 candidates.append(select(emit_slot, [sums[t][d] for t in range(TT)])
                                   if d < D else Const(0))
-            chosen_sum = Signal(signed(sum_bits), name=f"emit_sum_{lane}")
+            chosen_sum = Signal(sum_shape, name=f"emit_sum_{lane}")
             m.d.comb += chosen_sum.eq(select(emit_flit - H, candidates))
-            code = requant(m, chosen_sum, cfg.gate_shift, cfg.combine_width, f"ret_{lane}")
+            if cfg.combine_dtype == "bf16":
+                code = fp_scale_cast(m, chosen_sum, fp32, golden_fp.FORMATS["bf16"], 0,
+                                     f"ret_{lane}")
+            elif floating:                            # FP32 lanes: the sum's code as it is
+                code = chosen_sum
+            else:
+                code = requant(m, chosen_sum, cfg.gate_shift, cfg.combine_width, f"ret_{lane}")
             m.d.comb += out.payload.data[lane].eq(Mux(emit_flit < H, 0, code))
         with m.If(out.valid & out.ready):
             m.d.sync += emit_flit.eq(emit_flit + 1)
@@ -1122,7 +1257,8 @@ class MoELayerConfig(PacketShape):
     ``acc_width`` is ``combine_width``, its ``max_flits`` one packet). Chiplets
     (``expert_chiplet``, one per leaf): slots, d_ff, acc_width, shift_g, shift_u, shift_h,
     gate_shift, combine_width, rows, cols, arrays, batch, batch_wait, queue_tokens,
-    token_banks.
+    token_banks. Floating point (all parts): dtype, acc_frac, promote_every, combine_dtype
+    (the chiplets' return lanes and the tree's combine).
     """
     experts: int = like_param(MoEGateConfig, "experts")
     k: int = like_param(MoEGateConfig, "k")
@@ -1160,12 +1296,16 @@ class MoELayerConfig(PacketShape):
     batch_wait: int = like_param(ExpertChipletConfig, "batch_wait")
     queue_tokens: int = like_param(ExpertChipletConfig, "queue_tokens")
     token_banks: int = like_param(ExpertChipletConfig, "token_banks")
+    dtype: str = like_param(ExpertChipletConfig, "dtype")
+    acc_frac: int = like_param(ExpertChipletConfig, "acc_frac")
+    promote_every: int = like_param(ExpertChipletConfig, "promote_every")
+    combine_dtype: str = like_param(ExpertChipletConfig, "combine_dtype")
 
     def __post_init__(self):
         validate(self)
+        self.chiplet_config()           # first: its floating-point rules, with its messages
         self.gate_config()
         self.tree_config()
-        self.chiplet_config()
         if self.experts + self.shared > self.leaves * self.slots:
             raise param_error("experts", self.experts,
                               f"at most leaves * slots - shared "
@@ -1194,7 +1334,8 @@ class MoELayerConfig(PacketShape):
             lanes=self.lanes, in_width=self.in_width, w_width=self.w_width,
             acc_width=self.score_acc_width, score_shift=self.score_shift,
             score_width=self.score_width, gate_width=self.gate_width,
-            data_width=self.data_width, shared=self.shared, shared_leaf=self.shared_leaf)
+            data_width=self.data_width, shared=self.shared, shared_leaf=self.shared_leaf,
+            dtype=self.dtype)
 
     def tree_config(self):
         flits = self.header_flits + self.x_flits
@@ -1204,7 +1345,8 @@ class MoELayerConfig(PacketShape):
                               f"{flits} flits is longer than the tree's 64")
         return NopConfig(fanouts=self.fanouts, lanes=self.lanes, data_width=self.data_width,
                          acc_width=self.combine_width, token_width=self.token_width,
-                         max_flits=flits, max_inflight=self.max_inflight)
+                         max_flits=flits, max_inflight=self.max_inflight,
+                         combine_dtype=self.combine_dtype)
 
     def chiplet_config(self):
         return ExpertChipletConfig(      # the shared expert is one more expert, one more entry
@@ -1216,7 +1358,9 @@ class MoELayerConfig(PacketShape):
             acc_width=self.acc_width, shift_g=self.shift_g, shift_u=self.shift_u,
             shift_h=self.shift_h, gate_shift=self.gate_shift, rows=self.rows, cols=self.cols,
             arrays=self.arrays, batch=self.batch, batch_wait=self.batch_wait,
-            queue_tokens=self.queue_tokens, token_banks=self.token_banks)
+            queue_tokens=self.queue_tokens, token_banks=self.token_banks, dtype=self.dtype,
+            acc_frac=self.acc_frac, promote_every=self.promote_every,
+            combine_dtype=self.combine_dtype)
 
 
 def layer_weights_layout(config):
@@ -1237,7 +1381,9 @@ def layer_assign_layout(config):
 def y_layout(config):
     return data.StructLayout({
         "token": config.token_width,
-        "data": data.ArrayLayout(signed(config.combine_width), config.lanes), "last": 1})
+        "data": data.ArrayLayout(signed(config.combine_width) if config.combine_dtype == "int"
+                                 else unsigned(config.combine_width), config.lanes),
+        "last": 1})
 
 
 def layer_banks_signature(config):

@@ -1,7 +1,8 @@
 """cocotb tests of the MoE layer's blocks against ``golden.moe_layer``: ``moe_gate`` so far.
 
 Every dispatch flit is compared, in order, with the golden packet of its token (score codes,
-node-limited route, gate weights from the table as written, leaf mask, header and x flits); with
+node-limited route, gate weights from the table as written, leaf mask, header and x flits; with
+an FP8 ``dtype`` the x codes, scored as ``golden.moe_layer.fixed_x``); with
 every port ready the first flit leaves ``golden.moe_layer.gate_latency`` edges after the token's
 final x beat and the packets follow each other with no bubble.
 """
@@ -14,6 +15,7 @@ from cocotb.triggers import ClockCycles
 from golden import moe_layer as golden
 from golden import router as golden_router
 from golden.fixed import signed_limits
+from tb.fp8 import extreme_codes, largest_code, random_code
 from tb.harness import start_bench, write_throughput
 from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, pause_fraction,
                         reset_dut, wait_for)
@@ -58,6 +60,11 @@ class GateBench(StreamBench):
 
     # --- tokens ---
     def random_x(self, extremes=False):
+        dtype = self.cfg.dtype
+        if dtype != "int":
+            if extremes:
+                return [self.rng.choice(extreme_codes(dtype)) for _ in range(self.cfg.d_model)]
+            return [random_code(self.rng, dtype, 1.0) for _ in range(self.cfg.d_model)]
         low, high = signed_limits(self.cfg.in_width)
         if extremes:
             return [self.rng.choice((low, high)) for _ in range(self.cfg.d_model)]
@@ -72,7 +79,8 @@ class GateBench(StreamBench):
         for b in range(cfg.beats):
             lanes = (list(x[b * cfg.lanes:(b + 1) * cfg.lanes]) + [0] * cfg.lanes)[:cfg.lanes]
             self.sources["x"].send({"token": token, "data": lanes, "last": int(b == last_beat)})
-        codes = golden.score_codes(x, self.wg, cfg.acc_width, cfg.score_shift, cfg.score_width)
+        codes = golden.score_codes(self.gate_x(x), self.wg, cfg.acc_width, cfg.score_shift,
+                                   cfg.score_width)
         experts, _ = golden_router.route(codes, cfg.k, cfg.groups, cfg.topk_groups)
         gates = golden.gate_weights(codes, experts, self.lut)
         mask = golden_router.leaf_mask(experts, self.placement) | self.shared_mask
@@ -84,6 +92,16 @@ class GateBench(StreamBench):
             self.board.expect_payload({"token": token, "mask": mask, "data": flit,
                                        "last": int(index == len(flits) - 1)})
         self.routes.append((experts, gates, mask))
+
+    def gate_x(self, x):
+        """x as the scores take it: the integers, or the FP8 codes' fixed-point values."""
+        if self.cfg.dtype == "int":
+            return x
+        return [golden.fixed_x(code, self.cfg.dtype) for code in x]
+
+    def largest_x(self):
+        dtype = self.cfg.dtype
+        return largest_code(dtype) if dtype != "int" else signed_limits(self.cfg.in_width)[1]
 
     async def finish(self, max_cycles):
         await wait_for(self.dut, lambda: len(self.packet.received) >= len(self.board.expected),
@@ -146,11 +164,12 @@ async def test_rewrites_between_tokens(dut):
     hot = [[high if e == cfg.experts - 1 else low for e in range(cfg.experts)]
            for _ in range(cfg.d_model)]
     await bench.configure(wg=hot, placement=[cfg.leaves - 1] * cfg.experts)
-    positive = [signed_limits(cfg.in_width)[1]] * cfg.d_model
+    positive = [bench.largest_x()] * cfg.d_model
     for token in range(6, 12):
         bench.send_token(token, positive)
     await bench.finish(_budget(12 * (cfg.header_flits + cfg.beats), 0.3, 0.3))
-    codes = golden.score_codes(positive, hot, cfg.acc_width, cfg.score_shift, cfg.score_width)
+    codes = golden.score_codes(bench.gate_x(positive), hot, cfg.acc_width, cfg.score_shift,
+                               cfg.score_width)
     # The hot expert leads when its code stands above the rest (a shift that rounds every
     # score to one code leaves a tie: the lowest index wins); every expert is on one leaf.
     leader = cfg.experts - 1 if codes[-1] > max(codes[:-1]) else codes.index(max(codes))

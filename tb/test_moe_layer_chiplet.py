@@ -2,7 +2,8 @@
 
 Every return flit is compared, in order, with the golden return of its token: the sum over the
 token's chosen experts held by the chiplet of gate * FFN(x), rounded once to ``combine_width``
-(``golden.moe_layer.chiplet_return``). Weights are loaded in the tile order of
+(``golden.moe_layer.chiplet_return``); with an FP8 ``dtype``, the FP32 sum in slot order cast
+to the return lanes' format, bit for bit. Weights are loaded in the tile order of
 ``golden.moe_layer.weight_beats``.
 """
 
@@ -14,6 +15,7 @@ from cocotb.triggers import ClockCycles
 from golden import moe_layer as golden
 from golden import ndp as golden_ndp
 from golden.fixed import signed_limits
+from tb.fp8 import extreme_codes, random_code
 from tb.harness import start_bench, write_throughput
 from tb.streams import (LONG_BURSTS, STALL_PROFILES, InOrderScoreboard, StreamBench, edge_now,
                         pause_fraction, reset_dut, wait_for)
@@ -37,11 +39,18 @@ class ChipletBench(StreamBench):
     def shape(self):
         return self.cfg.schedule
 
+    @property
+    def floating(self):
+        return self.cfg.dtype != "int"
+
     def random_expert(self):
         cfg, rng = self.cfg, self.rng
         low, high = signed_limits(cfg.w_width)
 
         def matrix(rows, cols):
+            if self.floating:
+                return [[random_code(rng, cfg.dtype, 0.5) for _ in range(cols)]
+                        for _ in range(rows)]
             return [[rng.randint(low, high) for _ in range(cols)] for _ in range(rows)]
         return (matrix(cfg.d_ff, cfg.d_model), matrix(cfg.d_ff, cfg.d_model),
                 matrix(cfg.d_model, cfg.d_ff))
@@ -65,6 +74,8 @@ class ChipletBench(StreamBench):
 
     def load_act(self, table=None):
         cfg = self.cfg
+        if self.floating:
+            table = table or golden.fp_activation_lut("silu", cfg.dtype)
         table = table or golden_ndp.activation_lut("silu", cfg.in_width, 4, 4)
         for index, value in enumerate(table):
             self.sources["act_lut"].send({"index": index, "value": value})
@@ -97,7 +108,9 @@ class ChipletBench(StreamBench):
             gate_lut=[0], act_lut=list(self.act),
             shifts=(cfg.shift_g, cfg.shift_u, cfg.shift_h), k=cfg.k, in_width=cfg.in_width,
             acc_width=cfg.acc_width, gate_shift=cfg.gate_shift, data_width=cfg.data_width,
-            combine_width=cfg.combine_width, lanes=cfg.lanes, gate_width=cfg.gate_width)
+            combine_width=cfg.combine_width, lanes=cfg.lanes, gate_width=cfg.gate_width,
+            dtype=cfg.dtype, acc_frac=cfg.acc_frac, promote_every=cfg.promote_every,
+            tile_arrays=cfg.arrays, combine_dtype=cfg.combine_dtype)
 
     def random_expert_zero(self):
         cfg = self.cfg
@@ -106,6 +119,11 @@ class ChipletBench(StreamBench):
 
     # --- tokens ---
     def random_x(self, extremes=False):
+        if self.floating:
+            dtype = self.cfg.dtype
+            if extremes:
+                return [self.rng.choice(extreme_codes(dtype)) for _ in range(self.cfg.d_model)]
+            return [random_code(self.rng, dtype, 1.0) for _ in range(self.cfg.d_model)]
         low, high = signed_limits(self.cfg.in_width)
         if extremes:
             return [self.rng.choice((low, high)) for _ in range(self.cfg.d_model)]
@@ -148,7 +166,8 @@ class ChipletBench(StreamBench):
         held = [(e, g) for e, g in choices if length > (choices.index((e, g)) // cfg.lanes)]
         self.token_slots.append({slot for slot, (e, _) in self.slot_expert.items()
                                  if e in {e for e, _ in held}})
-        values = golden.chiplet_return(self.model(), 0, held, got_x)
+        order = [self.slot_expert[slot][0] for slot in sorted(self.slot_expert)]
+        values = golden.chiplet_return(self.model(), 0, held, got_x, order=order)
         header = golden.header_flits(cfg.k, cfg.lanes)
         body = [[0] * cfg.lanes for _ in range(header)] + [
             [values[b * cfg.lanes + l] if b * cfg.lanes + l < cfg.d_model else 0

@@ -1,7 +1,8 @@
 """cocotb tests of ``moe_layer`` (gate -> NoP tree -> expert chiplets -> in-network combine)
 against the NumPy layer ``golden.moe_layer.layer``: y bit-exact for every token, each token
 exactly once (tokens leave the root in completion order, tagged with their id), and the tokens
-each chiplet received equal to the golden routing's.
+each chiplet received equal to the golden routing's. With an FP8 ``dtype``: x and the experts'
+weights are FP8 codes, y BF16 or FP32 codes combined in the tree's order.
 """
 
 import time
@@ -11,10 +12,12 @@ import dataclasses
 import cocotb
 from cocotb.triggers import ClockCycles, RisingEdge
 
+from golden import fp as golden_fp
 from golden import moe_layer as golden
 from golden import ndp as golden_ndp
 from golden.dram import Ddr4Stream
 from golden.fixed import signed_limits
+from tb.fp8 import extreme_codes, largest_code, random_code
 from tb.harness import load_dut_config, start_bench, write_throughput
 from tb.streams import (STALL_PROFILES, HeldPauses, StreamBench, edge_now, pause_fraction,
                         wait_for)
@@ -66,13 +69,20 @@ class LayerBench(StreamBench):
                         counts[link] += (bits >> link) & 1
 
     # --- configuration ---
+    @property
+    def floating(self):
+        return self.cfg.dtype != "int"
+
     def random_model(self, placement=None, hot=None):
         cfg, rng = self.cfg, self.rng
         low, high = signed_limits(cfg.w_width)
 
-        def matrix(rows, cols):
+        def matrix(rows, cols, codes=self.floating):
+            if codes:
+                return [[random_code(rng, cfg.dtype, 0.5) for _ in range(cols)]
+                        for _ in range(rows)]
             return [[rng.randint(low, high) for _ in range(cols)] for _ in range(rows)]
-        wg = matrix(cfg.d_model, cfg.experts)
+        wg = matrix(cfg.d_model, cfg.experts, codes=False)      # the gate: integers always
         if hot is not None:                 # one expert's column far above the rest
             wg = [[high if e == hot else low for e in range(cfg.experts)]
                   for _ in range(cfg.d_model)]
@@ -84,12 +94,16 @@ class LayerBench(StreamBench):
             placement=placement, shared=bool(cfg.shared),
             gate_lut=[rng.randint(0, (1 << cfg.gate_width) - 1)
                       for _ in range(1 << cfg.score_width)],
-            act_lut=golden_ndp.activation_lut("silu", cfg.in_width, 4, 4),
+            act_lut=(golden.fp_activation_lut("silu", cfg.dtype) if self.floating else
+                     golden_ndp.activation_lut("silu", cfg.in_width, 4, 4)),
             shifts=(cfg.shift_g, cfg.shift_u, cfg.shift_h), k=cfg.k, groups=cfg.groups,
             topk_groups=cfg.topk_groups, in_width=cfg.in_width, acc_width=cfg.acc_width,
             score_shift=cfg.score_shift, score_width=cfg.score_width,
             gate_width=cfg.gate_width, gate_shift=cfg.gate_shift, data_width=cfg.data_width,
-            combine_width=cfg.combine_width, lanes=cfg.lanes, leaves=cfg.leaves)
+            combine_width=cfg.combine_width, lanes=cfg.lanes, leaves=cfg.leaves,
+            dtype=cfg.dtype, acc_frac=cfg.acc_frac, promote_every=cfg.promote_every,
+            tile_arrays=cfg.arrays, combine_dtype=cfg.combine_dtype,
+            fanouts=tuple(cfg.fanouts))
 
     def with_shared(self, table):
         """An expert-to-leaf table of the routed experts, and the shared expert's leaf; every
@@ -214,6 +228,13 @@ class LayerBench(StreamBench):
                                              "expert": loads[-1][2]})
         await wait_for(self.dut, lambda: self.sources["assign"].idle, 20 * len(loads) + 50,
                        "slots assigned")
+        # Floating point: a chiplet adds its experts in slot order, here the stream order.
+        slot_of = [0] * len(model.placement)
+        for experts in ranked:
+            for slot, expert in enumerate(experts):
+                if expert is not None:
+                    slot_of[expert] = slot
+        self.model = dataclasses.replace(self.model, slot_of=tuple(slot_of))
         self.expected.clear()
         self.y.received.clear()
         began = edge_now() + 1
@@ -225,6 +246,15 @@ class LayerBench(StreamBench):
 
     # --- tokens ---
     def random_x(self, extremes=False):
+        dtype = self.cfg.dtype
+        if self.floating:
+            # No infinities: a slot the placement leaves over holds zero weights (tagged
+            # expert 0), and inf * 0 there would be a NaN the golden layer, which has no
+            # such slot, does not add (the chiplet's own tests send infinities).
+            if extremes:
+                return [self.rng.choice(extreme_codes(dtype)) for _ in range(self.cfg.d_model)]
+            return [random_code(self.rng, dtype, 1.0, infinities=False)
+                    for _ in range(self.cfg.d_model)]
         low, high = signed_limits(self.cfg.in_width)
         if extremes:
             return [self.rng.choice((low, high)) for _ in range(self.cfg.d_model)]
@@ -358,8 +388,9 @@ async def test_hot_expert_and_clustered_placement(dut):
     in clusters (consecutive experts on one chiplet) instead of round-robin."""
     _, config, _ = load_dut_config()
     bench = await _setup(dut, "hot", 0.2, 0.2, hot=config.experts - 1)
-    tokens = [[signed_limits(config.in_width)[1]] * config.d_model
-              for _ in range(config.batch + 1)]
+    largest = (largest_code(config.dtype) if config.dtype != "int"
+               else signed_limits(config.in_width)[1])
+    tokens = [[largest] * config.d_model for _ in range(config.batch + 1)]
     counts = await bench.run(tokens, _budget(bench, len(tokens), 0.2, 0.2))
     assert bench.leaf_tokens == counts
     bench.clear_counts()
@@ -423,11 +454,12 @@ async def test_weights_stream_while_the_batch_computes(dut):
 @cocotb.test()
 async def test_scores_at_the_rounding_edge(dut):
     """Every expert's raw score one below half a code step or exactly on it (x all ones, W_g
-    made so): of experts 2j and 2j+1 one scores 2**(score_shift-1) - 1 and the other
-    2**(score_shift-1) above j code steps, and then the other way round, with partial sums of
-    both parities. A score accumulator, its rounding or its saturation off by one moves
-    a code: a chosen expert's gate weight (a random gate table) or, where the move makes or
-    breaks a tie at the k-th place (ties go to the lower index), the routing; hence y."""
+    made so; FP8: code 1, the smallest subnormal, fixed-point value 1): of experts 2j and 2j+1
+    one scores 2**(score_shift-1) - 1 and the other 2**(score_shift-1) above j code steps, and
+    then the other way round, with partial sums of both parities. A score accumulator, its
+    rounding or its saturation off by one moves a code: a chosen expert's gate weight (a
+    random gate table) or, where the move makes or breaks a tie at the k-th place (ties go to
+    the lower index), the routing; hence y."""
     bench = await start_bench(LayerBench, dut, "rounding")
     cfg = bench.cfg
     step = 1 << cfg.score_shift
@@ -500,6 +532,8 @@ async def test_throughput(dut):
     count = min(64, 1 << cfg.token_width)         # one id per token in flight
     wg, tokens, _ = golden.community_workload(7, count, cfg.d_model, cfg.experts, communities,
                                               cfg.in_width, cfg.w_width)
+    if bench.floating:                            # each element / 16, as an FP8 code
+        tokens = [[golden_fp.encode(v / 16, cfg.dtype) for v in x] for x in tokens]
     base = dataclasses.replace(bench.random_model(), wg=wg)
     runs, wall, edges = {}, 0.0, 0
     tables = golden.placements(base, tokens, cfg.leaves, cfg.switch_groups)

@@ -313,3 +313,90 @@ def test_add_rules_for_specials_and_zeros():
     assert fp.add(inf, inf | 0x8000, bf) == 0x7FC0 and fp.add(inf, one, bf) == inf
     assert fp.add(0x7F7F, 0x7F7F, bf) == 0x7F7F                   # saturates
     assert fp.add(0xFFC1, one, bf) == 0x7FC0                      # NaN: canonical, positive
+
+
+# --- the multiply and scaled cast of expert_chiplet's datapath (golden.fp.multiply,
+# golden.fp.scale_cast; hw.fparith.fp_multiply, fp_scale_cast) -------------------------------
+
+def _hardware_against_golden(operands, build, expect):
+    """Drive ``build(module, a, b)``'s result through every ``(a, b)`` in Amaranth's simulator
+    and collect the pairs where it differs from ``expect(a, b)``."""
+    from amaranth.hdl import Module, Signal
+    from amaranth.sim import Simulator
+    module = Module()
+    a, b = Signal(32), Signal(32)
+    result = build(module, a, b)
+    mismatches = []
+
+    async def bench(ctx):
+        for x, y in operands:
+            ctx.set(a, x)
+            ctx.set(b, y)
+            if ctx.get(result) != expect(x, y):
+                mismatches.append((hex(x), hex(y), hex(ctx.get(result)), hex(expect(x, y))))
+
+    simulator = Simulator(module)
+    simulator.add_testbench(bench)
+    simulator.run()
+    return mismatches
+
+
+@pytest.mark.parametrize("name, shift", [("fp8_e4m3", 3), ("fp8_e5m2", 9)])
+def test_the_hardware_fp8_multiply_is_the_golden_multiply(name, shift):
+    """Every pair of FP8 codes (65,536: zeros of both signs, subnormals, the largest, NaNs,
+    infinities), rounded back to the format with a power-of-two shift."""
+    from hw.fparith import fp_multiply
+    fmt = fp.FORMATS[name]
+    pairs = [(x, y) for x in range(256) for y in range(256)]
+    mismatches = _hardware_against_golden(
+        pairs, lambda m, a, b: fp_multiply(m, a[:8], fmt, b[:8], fmt, fmt, shift, "mul"),
+        lambda x, y: fp.multiply(x, name, y, name, name, shift))
+    assert not mismatches, mismatches[:5]
+
+
+@pytest.mark.parametrize("dst, shift", [("fp8_e4m3", 0), ("fp8_e4m3", 6), ("fp8_e5m2", 47),
+                                        ("bf16", 0), ("fp8_e5m2", 1)])
+def test_the_hardware_scaled_cast_is_the_golden_cast(dst, shift):
+    """FP32 codes to ``dst`` times 2**-shift: the specials, every exponent with boundary and
+    random mantissas (ties, the largest finite, deep subnormals), random codes."""
+    from hw.fparith import fp_scale_cast
+    rng = random.Random(11)
+    codes = _special_codes(fp.FORMATS["fp32"])
+    for field in range(256):
+        for man in (0, 1, 0x7FFFFF, 0x400000, 0x0C0000, 0x100000, rng.randrange(1 << 23)):
+            codes += [(field << 23) | man, (1 << 31) | (field << 23) | man]
+    codes += [rng.randrange(1 << 32) for _ in range(2000)]
+    mismatches = _hardware_against_golden(
+        [(c, 0) for c in codes],
+        lambda m, a, b: fp_scale_cast(m, a, fp.FORMATS["fp32"], fp.FORMATS[dst], shift, "cast"),
+        lambda x, _: fp.scale_cast(x, "fp32", dst, shift))
+    assert not mismatches, mismatches[:5]
+
+
+def test_the_hardware_gate_product_is_the_golden_product():
+    """An FP32 code times an unsigned 8-bit gate times 2**-8, rounded to FP32."""
+    from hw.fparith import fp_multiply
+    rng = random.Random(12)
+    fp32 = fp.FORMATS["fp32"]
+    codes = _special_codes(fp32) + [rng.randrange(1 << 32) for _ in range(1500)] + [
+        (rng.randrange(3) << 23) | rng.randrange(1 << 23) for _ in range(300)]
+    pairs = [(c, g) for c in codes for g in (0, 1, 3, 255, rng.randrange(256))]
+    mismatches = _hardware_against_golden(
+        pairs, lambda m, a, b: fp_multiply(m, a, fp32, b[:8], None, fp32, 8, "gate"),
+        lambda x, y: fp.multiply(x, "fp32", y, None, "fp32", 8))
+    assert not mismatches, mismatches[:5]
+
+
+def test_multiply_rules_for_specials_zeros_and_saturation():
+    e4, e5 = "fp8_e4m3", "fp8_e5m2"
+    one, big = fp.encode(1.0, e4), fp.FORMATS[e4].max_code
+    assert fp.multiply(one | 0x80, e4, 0, e4, e4) == 0x80          # -1 * +0 = -0
+    assert fp.multiply(big, e4, big, e4, e4) == big                # saturates, no NaN
+    assert fp.multiply(0x7F, e4, one, e4, e4) == 0x7F              # NaN
+    assert fp.multiply(0x7C, e5, 0, e5, e5) == 0x7E                # inf * 0: NaN
+    assert fp.multiply(0x7C, e5, 0xBC, e5, e4) == 0xFE             # -inf into E4M3: -448
+    assert fp.scale_cast(fp.encode(1.0, "fp32"), "fp32", e4, 9) == 0x01    # 2**-9: subnormal
+    assert fp.scale_cast(fp.encode(1.0, "fp32"), "fp32", e4, 10) == 0x00   # half of it: even
+    assert fp.scale_cast(fp.encode(3.0, "fp32"), "fp32", e4, 10) == 0x02   # 1.5 of it: even
+    assert fp.multiply(fp.encode(3.0, "fp32"), "fp32", 5, None, "fp32", 2) == fp.encode(3.75,
+                                                                                       "fp32")

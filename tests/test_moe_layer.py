@@ -122,7 +122,8 @@ def test_node_limited_routing_keeps_the_token_within_its_groups(groups, topk_gro
 # Configurations simulated by `make test`: the defaults; node-limited routing with odd sizes
 # (3 lanes, 5 elements: a padded beat; 2 header flits); the smallest corner (one lane, one
 # element, 1-bit codes and gates, one leaf); a wide one (16 experts and a shared one on leaf 5,
-# 8 lanes, one header flit).
+# 8 lanes, one header flit); FP8 x (E5M2: the widest fixed-point values, 8-bit lanes that
+# hold a code exactly, 3 lanes).
 SIM_CONFIGS = [
     {},
     {"experts": 6, "k": 3, "groups": 3, "topk_groups": 2, "leaves": 3, "d_model": 5, "lanes": 2,
@@ -131,6 +132,8 @@ SIM_CONFIGS = [
      "gate_width": 1, "data_width": 8, "score_shift": 0},
     {"experts": 16, "k": 4, "groups": 4, "topk_groups": 2, "leaves": 8, "d_model": 12,
      "lanes": 8, "w_width": 4, "score_width": 6, "shared": 1, "shared_leaf": 5},
+    {"dtype": "fp8_e5m2", "d_model": 7, "lanes": 3, "data_width": 8, "gate_width": 5,
+     "acc_width": 48, "score_shift": 20},
 ]
 
 
@@ -309,6 +312,11 @@ CHIPLET_CONFIGS = [
      "shift_h": 0, "gate_shift": 0, "queue_tokens": 0, "token_banks": 1},
     {"experts": 4, "k": 2, "slots": 4, "d_model": 4, "d_ff": 6, "lanes": 4, "rows": 6,
      "cols": 3, "arrays": 1, "batch": 7, "shift_g": 3, "gate_shift": 5},
+    # Floating point (issue 17; E4M3 with BF16 returns runs in the layer's configurations):
+    # E5M2 (infinities) with FP32 returns and a 23-bit accumulator.
+    {"dtype": "fp8_e5m2", "combine_dtype": "fp32", "combine_width": 32, "acc_frac": 23,
+     "promote_every": 0, "d_model": 6, "d_ff": 4, "rows": 2, "cols": 3, "batch": 4,
+     "shift_g": 2, "shift_u": 2, "shift_h": 1},
 ]
 CHIPLET_COCOTB_TESTS = 14
 
@@ -316,6 +324,29 @@ CHIPLET_COCOTB_TESTS = 14
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
 @pytest.mark.parametrize("params", CHIPLET_CONFIGS, ids=[config_id(p) for p in CHIPLET_CONFIGS])
 def test_chiplet_cocotb(params, simulator):
+    assert run_block("expert_chiplet", params, simulator).tests == CHIPLET_COCOTB_TESTS
+
+
+# In `make sweep`: each FP8 format at the default sizes (a 4 x 4 tile of 2 arrays, D = F = 8),
+# and E4M3 with BF16 returns, 3 of a token's experts on the chiplet (the FP32 sums' order
+# matters), an odd adder tree (3 arrays), promotion inside a dot (K = 3 per slice, every 2).
+CHIPLET_SWEEP_CONFIGS = [
+    {"dtype": "fp8_e4m3", "combine_dtype": "bf16", "combine_width": 16, "experts": 6, "k": 3,
+     "slots": 3, "d_model": 7, "d_ff": 5, "lanes": 3, "rows": 3, "cols": 2, "arrays": 3,
+     "batch": 5, "promote_every": 2, "gate_width": 7, "shift_g": 0, "shift_u": 1,
+     "shift_h": 0, "gate_shift": 7},
+    {"dtype": "fp8_e5m2", "combine_dtype": "fp32", "combine_width": 32, "acc_frac": 23,
+     "promote_every": 0, "shift_g": 2, "shift_u": 2, "shift_h": 1},
+    {"dtype": "fp8_e4m3", "combine_dtype": "bf16", "combine_width": 16, "shift_g": 1,
+     "shift_u": 1, "shift_h": 0},
+]
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("simulator", ["icarus", "verilator"])
+@pytest.mark.parametrize("params", CHIPLET_SWEEP_CONFIGS,
+                         ids=[config_id(p) for p in CHIPLET_SWEEP_CONFIGS])
+def test_chiplet_cocotb_more_floating_point(params, simulator):
     assert run_block("expert_chiplet", params, simulator).tests == CHIPLET_COCOTB_TESTS
 
 
@@ -362,6 +393,16 @@ def test_layer_3d_puts_every_scratchpad_bank_on_the_memory_die(tmp_path):
     ({"data_width": 6}, "data_width"),                     # narrower than in_width
     ({"slots": 8, "d_model": 64, "d_ff": 64, "cols": 1, "arrays": 1}, "slots"),
     ({"in_width": 11}, "in_width"),
+    ({"dtype": "bf16"}, "dtype"),                          # no 65,536-entry activation table
+    ({"combine_dtype": "bf16", "combine_width": 16}, "combine_dtype"),   # int returns
+    ({"dtype": "fp8_e4m3", "combine_width": 16}, "combine_dtype"),       # FP needs FP returns
+    ({"dtype": "fp8_e5m2", "combine_dtype": "fp32"}, "combine_width"),   # 24: not its code
+    ({"dtype": "fp8_e4m3", "combine_dtype": "bf16", "combine_width": 16, "in_width": 6},
+     "in_width"),
+    ({"dtype": "fp8_e4m3", "combine_dtype": "bf16", "combine_width": 16, "w_width": 16},
+     "w_width"),
+    ({"dtype": "fp8_e4m3", "combine_dtype": "bf16", "combine_width": 16, "promote_every": 3},
+     "promote_every"),                                     # not a divisor of 128
 ])
 def test_chiplet_config_errors_name_the_parameter(params, name):
     with pytest.raises(ParamError, match=f"parameter '{name}'"):
@@ -372,7 +413,7 @@ def test_chiplet_config_errors_name_the_parameter(params, name):
 
 # The defaults (8 experts on 4 chiplets of 2 slots, a 2,2 tree, 2 token banks); an odd one:
 # node-limited 6 experts in 3 groups and a shared expert on a 3-leaf tree, D = 5, F = 3, 2
-# lanes (2 header flits), a 3x2 tile of 3 arrays, batches of 3, one token bank.
+# lanes (2 header flits), a 3x2 tile of 3 arrays, batches of 3, one token bank; FP8.
 LAYER_CONFIGS = [
     {},
     {"experts": 6, "k": 3, "groups": 3, "topk_groups": 2, "fanouts": (3,), "slots": 3,
@@ -381,6 +422,13 @@ LAYER_CONFIGS = [
      "batch_wait": 4, "in_width": 6, "w_width": 5, "score_width": 4, "gate_width": 4,
      "data_width": 8, "acc_width": 20, "combine_width": 20, "score_shift": 3,
      "token_banks": 1},
+    # FP8 dispatch, BF16 combine (seed 003 §6.5): E4M3 x and experts, BF16 returns added by a
+    # 3-way switch (3 chiplets a token: the order matters), 3 experts a chiplet (their order
+    # too), an odd adder tree (3 arrays), promotion inside a dot, the gate on fixed-point x.
+    {"dtype": "fp8_e4m3", "combine_dtype": "bf16", "combine_width": 16, "fanouts": (3,),
+     "experts": 7, "slots": 3, "k": 3, "d_model": 5, "d_ff": 3, "lanes": 2, "rows": 2,
+     "cols": 2, "arrays": 3, "batch": 3, "score_shift": 12, "shift_g": 0, "shift_u": 1,
+     "shift_h": 0, "promote_every": 2},
 ]
 LAYER_COCOTB_TESTS = 13
 
@@ -396,6 +444,9 @@ def test_layer_cocotb(params, simulator):
     ({"d_model": 64, "lanes": 1}, "d_model"),              # a packet longer than 64 flits
     ({"fanouts": (2, 2), "k": 9}, "k"),
     ({"in_width": 12}, "in_width"),
+    ({"dtype": "fp8_e4m3", "combine_width": 16}, "combine_dtype"),   # the chiplets' rules
+    ({"dtype": "fp8_e5m2", "combine_dtype": "bf16", "combine_width": 16, "in_width": 10},
+     "in_width"),
 ])
 def test_layer_config_errors_name_the_parameter(params, name):
     with pytest.raises(ParamError, match=f"parameter '{name}'"):

@@ -1,0 +1,36 @@
+"""Random and boundary FP8 codes for the benches of the floating-point datapaths (``dtype``
+fp8_e4m3 or fp8_e5m2): the codes of ``golden.fp``'s formats."""
+
+import math
+
+from golden import fp as golden_fp
+
+__all__ = ["random_code", "extreme_codes", "largest_code"]
+
+
+def random_code(rng, dtype, spread, infinities=True):
+    """A code: mostly a normal value of standard deviation ``spread`` (subnormals and zeros of
+    both signs included), sometimes any finite code (up to the largest: the saturating paths),
+    rarely a NaN or (E5M2, with ``infinities``) an infinity."""
+    draw = rng.random()
+    if draw < 0.01:
+        if dtype == "fp8_e4m3" or not infinities:
+            return rng.choice((0x7F, 0xFF) if dtype == "fp8_e4m3" else (0x7D, 0xFE))
+        return rng.choice((0x7C, 0xFC, 0x7D, 0xFE))
+    if draw < 0.1:
+        while True:
+            code = rng.randrange(256)
+            if math.isfinite(golden_fp.decode(code, dtype)):
+                return code
+    return golden_fp.encode(rng.gauss(0.0, spread), dtype)
+
+
+def largest_code(dtype):
+    """The largest finite positive value's code."""
+    return golden_fp.FORMATS[dtype].max_code
+
+
+def extreme_codes(dtype):
+    """The largest and least finite values, the smallest subnormals and the zeros."""
+    top = largest_code(dtype)
+    return (top, top | 0x80, 1, 0x81, 0, 0x80)
