@@ -327,7 +327,8 @@ def test_chiplet_cocotb(params, simulator):
     assert run_block("expert_chiplet", params, simulator).tests == CHIPLET_COCOTB_TESTS
 
 
-# In `make sweep`: each FP8 format at the default sizes (a 4 x 4 tile of 2 arrays, D = F = 8),
+# In `make sweep`: each FP8 format at the default sizes (a 4 x 4 tile of 2 arrays, D = F = 8;
+# E5M2 with the widest accumulator, E4M3 promoting every 128, the largest interval),
 # and E4M3 with BF16 returns, 3 of a token's experts on the chiplet (the FP32 sums' order
 # matters), an odd adder tree (3 arrays), promotion inside a dot (K = 3 per slice, every 2).
 CHIPLET_SWEEP_CONFIGS = [
@@ -335,10 +336,13 @@ CHIPLET_SWEEP_CONFIGS = [
      "slots": 3, "d_model": 7, "d_ff": 5, "lanes": 3, "rows": 3, "cols": 2, "arrays": 3,
      "batch": 5, "promote_every": 2, "gate_width": 7, "shift_g": 0, "shift_u": 1,
      "shift_h": 0, "gate_shift": 7},
-    {"dtype": "fp8_e5m2", "combine_dtype": "fp32", "combine_width": 32, "acc_frac": 23,
+    {"dtype": "fp8_e5m2", "combine_dtype": "fp32", "combine_width": 32, "acc_frac": 24,
      "promote_every": 0, "shift_g": 2, "shift_u": 2, "shift_h": 1},
     {"dtype": "fp8_e4m3", "combine_dtype": "bf16", "combine_width": 16, "shift_g": 1,
      "shift_u": 1, "shift_h": 0},
+    # the other ends of the accumulator: 4 fraction bits, promotion after every element
+    {"dtype": "fp8_e4m3", "combine_dtype": "fp32", "combine_width": 32, "acc_frac": 4,
+     "promote_every": 1, "d_model": 6, "d_ff": 4, "rows": 2, "cols": 3, "batch": 4},
 ]
 
 
