@@ -6,7 +6,8 @@ chiplet); build it with Verilator and run ``test_throughput`` — a balanced 64-
 co-activation structure under round-robin and clustered placement, y bit-exact against the
 NumPy layer (``golden.moe_layer``), cycles against the MAC bound, r and the tree's link traffic
 measured at the RTL's taps, and the batch with its weights streamed (loaded first, or
-double-buffered); then the page and a picture. The per-block demo of every registered
+double-buffered); then FP8 dispatch with BF16 combine (:data:`FP8_LAYER`, y bit-exact
+against the golden layer); then the page and a picture. The per-block demo of every registered
 block is ``moegen demo --all`` (:func:`flows.bench.run_demo`).
 """
 
@@ -23,9 +24,18 @@ from flows.verilog import generate
 from hw.registry import get_block
 from tb.harness import THROUGHPUT_FILE
 
-__all__ = ["run_layer_demo", "root_link_flits"]
+__all__ = ["run_layer_demo", "root_link_flits", "FP8_LAYER"]
 
 PLACEMENTS = ("round_robin", "clustered")
+
+# The layer in FP8 (seed 003 §6.5: dispatch in FP8, combine in BF16), small enough to build in
+# seconds: E4M3 tokens and experts, BF16 returns added by a 3-way switch, 3 experts a chiplet
+# (both orders of addition matter), a tile of 3 arrays promoting inside a dot. `make test`
+# runs the layer's whole suite on it.
+FP8_LAYER = {"dtype": "fp8_e4m3", "combine_dtype": "bf16", "combine_width": 16,
+             "fanouts": (3,), "experts": 7, "slots": 3, "k": 3, "d_model": 5, "d_ff": 3,
+             "lanes": 2, "rows": 2, "cols": 2, "arrays": 3, "batch": 3, "score_shift": 12,
+             "shift_g": 0, "shift_u": 1, "shift_h": 0, "promote_every": 2}
 
 
 def root_link_flits(config, run):
@@ -93,7 +103,7 @@ def run_layer_demo():
     out_dir = BUILD_ROOT / "demo" / "moe_layer"
 
     def stage(number, text):
-        print(f"demo [{number}/5] {time.monotonic() - began:5.0f} s  {text}", flush=True)
+        print(f"demo [{number}/6] {time.monotonic() - began:5.0f} s  {text}", flush=True)
 
     stage(1, "generate moe_layer (defaults): Verilog and manifest")
     v_path, m_path, _ = generate(block, config, out_dir / "rtl")
@@ -110,7 +120,14 @@ def run_layer_demo():
         verdict = "passed: y bit-exact for every token under both placements"
     except SimFailure as failure:
         figures, verdict, status = None, f"FAILED: {failure}", 1
-    stage(4, "waiting for the synthesis")
+    stage(4, "Verilator: the layer in FP8 (E4M3 dispatch, BF16 combine), y bit-exact")
+    fp8_config = block.config(**FP8_LAYER)
+    try:
+        run_tests(block, fp8_config, "verilator", testcase=["test_layer_bit_exact"], quiet=True)
+        fp8_verdict = "passed: y bit-exact for every token of two batches per chiplet"
+    except SimFailure as failure:
+        fp8_verdict, status = f"FAILED: {failure}", 1
+    stage(5, "waiting for the synthesis")
     try:
         parts = {name: areas[name].result()
                  for name in ("expert_chiplet", "moe_gate", "nop_tree")}
@@ -119,7 +136,7 @@ def run_layer_demo():
         print(f"demo: synthesis FAILED: {failure}")
     pool.shutdown()
 
-    stage(5, "the page and the picture")
+    stage(6, "the page and the picture")
     shape = config.chiplet_config().schedule
     print()
     print(f"moegen demo: the Mozart MoE layer (moe_layer, defaults) — {config.experts} experts, "
@@ -156,6 +173,12 @@ def run_layer_demo():
               f"{metrics['overlapped_lightest_first_cycles']}); resident: {metrics['cycles']}.")
         picture = out_dir / "moe_layer.png"
         _picture(config, runs, picture)
+    print()
+    print(f"FP8 (moe_layer dtype={fp8_config.dtype} combine_dtype={fp8_config.combine_dtype}; "
+          f"{fp8_config.experts} experts, top-{fp8_config.k}, {fp8_config.leaves} chiplets "
+          f"under one {fp8_config.fanouts[0]}-way switch): E4M3 tokens and expert weights, the "
+          f"experts' FP8 tiles, BF16 returns added in the switch's order; Verilator, "
+          f"test_layer_bit_exact: {fp8_verdict}")
     if parts:
         print()
         rows = [(name, p["cells"], p["flip_flops"], p["luts"]) for name, p in parts.items()]

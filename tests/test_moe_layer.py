@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import config_id, run_block, two_d_params
+from flows.demo import FP8_LAYER
 from flows.verilog import generate
 from golden import moe_layer as golden
 from golden import ndp, router
@@ -426,13 +427,11 @@ LAYER_CONFIGS = [
      "batch_wait": 4, "in_width": 6, "w_width": 5, "score_width": 4, "gate_width": 4,
      "data_width": 8, "acc_width": 20, "combine_width": 20, "score_shift": 3,
      "token_banks": 1},
-    # FP8 dispatch, BF16 combine (seed 003 §6.5): E4M3 x and experts, BF16 returns added by a
-    # 3-way switch (3 chiplets a token: the order matters), 3 experts a chiplet (their order
-    # too), an odd adder tree (3 arrays), promotion inside a dot, the gate on fixed-point x.
-    {"dtype": "fp8_e4m3", "combine_dtype": "bf16", "combine_width": 16, "fanouts": (3,),
-     "experts": 7, "slots": 3, "k": 3, "d_model": 5, "d_ff": 3, "lanes": 2, "rows": 2,
-     "cols": 2, "arrays": 3, "batch": 3, "score_shift": 12, "shift_g": 0, "shift_u": 1,
-     "shift_h": 0, "promote_every": 2},
+    # FP8 dispatch, BF16 combine (seed 003 §6.5), the demo's: E4M3 x and experts, BF16
+    # returns added by a 3-way switch (3 chiplets a token: the order matters), 3 experts a
+    # chiplet (their order too), an odd adder tree (3 arrays), promotion inside a dot, the gate
+    # on fixed-point x.
+    FP8_LAYER,
 ]
 LAYER_COCOTB_TESTS = 13
 
