@@ -188,17 +188,18 @@ def fp_activation_lut(name, dtype):
     """The activation table of a floating-point chiplet: entry c (an FP8 code of ``dtype``)
     holds f(value of c) cast to ``dtype`` (``golden.fp.encode``); NaN gives NaN, an infinity
     its limit (silu: +inf, -0; relu: +inf, +0)."""
-    functions = {"silu": lambda v: v / (1.0 + math.exp(-v)), "relu": lambda v: max(v, 0.0)}
+    functions = {"silu": lambda v: v / (1.0 + math.exp(-v)) if v > -700 else -0.0,
+                 "relu": lambda v: max(v, 0.0)}            # (exp(700) is near float's top)
     f = functions[name]
     table = []
     for code in range(1 << fp.FORMATS[dtype].width):
         value = fp.decode(code, dtype)
         if math.isinf(value):
-            result = value if value > 0 else (-0.0 if name == "silu" else 0.0)
+            result = value if value > 0 else f(-1000.0)
         elif math.isnan(value):
             result = value
         else:
-            result = f(value) if value > -700 else -0.0
+            result = f(value)
         table.append(fp.encode(result, dtype) if not math.isnan(result)
                      else fp.FORMATS[dtype].canonical_nan)
     return table

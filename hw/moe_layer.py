@@ -510,10 +510,11 @@ class ExpertChipletConfig(PacketShape):
         self.tile_config()                   # promote_every: the tile's rule
 
     def tile_config(self):
-        """The systolic tile: integers of ``tile_width`` bits, or the FP8 PEs (unit scales)."""
+        """The systolic tile: integers of ``tile_width`` bits, or the FP8 PEs with unit scales
+        (E8M0 codes, 127: a promotion's scaling is then an exponent add, no multiplier)."""
         extra = {} if self.dtype == "int" else {
             "dtype": self.dtype, "acc_frac": self.acc_frac,
-            "promote_every": self.promote_every, "scale_format": "fp32"}
+            "promote_every": self.promote_every, "scale_format": "e8m0"}
         return SystolicTileConfig(rows=self.rows, cols=self.cols, arrays=self.arrays,
                                   in_width=self.tile_width, acc_width=self.acc_width, **extra)
 
@@ -1019,7 +1020,7 @@ class ExpertChiplet(TieredComponent):
         m.d.comb += [tile.b.payload.data[v].eq(pmu.r.payload.data[v].as_signed())
                      for v in range(V)]
         if floating:                                   # unit scales: the codes are the values
-            one = golden_fp.encode(1.0, "fp32")
+            one = 127                                  # E8M0: 2**(127 - 127)
             m.d.comb += [*[scale.eq(one) for scale in a.payload.scale],
                          *[scale.eq(one) for scale in tile.b.payload.scale]]
         for i in range(R):
