@@ -48,7 +48,7 @@ __all__ = ["MoEGateConfig", "MoEGate", "ExpertChipletConfig", "ExpertChiplet", "
            "MoELayer"]
 
 SHIFT_RANGE = 48
-PLAN_DEPTH = 3          # expert_chiplet: tile phases planned (and their weight jobs queued) ahead
+PLAN_DEPTH = golden.PLAN_DEPTH   # expert_chiplet: tile phases planned (weight jobs queued) ahead
 
 
 class PacketShape:

@@ -5,7 +5,7 @@ import math
 
 from golden import fp as golden_fp
 
-__all__ = ["random_code", "extreme_codes", "largest_code"]
+__all__ = ["random_code", "random_token", "extreme_codes", "largest_code"]
 
 
 def random_code(rng, dtype, spread, infinities=True):
@@ -34,3 +34,11 @@ def extreme_codes(dtype):
     """The largest and least finite values, the smallest subnormals and the zeros."""
     top = largest_code(dtype)
     return (top, top | 0x80, 1, 0x81, 0, 0x80)
+
+
+def random_token(rng, dtype, size, extremes=False, infinities=True):
+    """``size`` codes: :func:`random_code` of spread 1, or (``extremes``) each one of
+    :func:`extreme_codes`."""
+    if extremes:
+        return [rng.choice(extreme_codes(dtype)) for _ in range(size)]
+    return [random_code(rng, dtype, 1.0, infinities) for _ in range(size)]

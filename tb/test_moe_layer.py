@@ -15,7 +15,7 @@ from cocotb.triggers import ClockCycles
 from golden import moe_layer as golden
 from golden import router as golden_router
 from golden.fixed import signed_limits
-from tb.fp8 import extreme_codes, largest_code, random_code
+from tb.fp8 import largest_code, random_token
 from tb.harness import start_bench, write_throughput
 from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, pause_fraction,
                         reset_dut, wait_for)
@@ -62,9 +62,7 @@ class GateBench(StreamBench):
     def random_x(self, extremes=False):
         dtype = self.cfg.dtype
         if dtype != "int":
-            if extremes:
-                return [self.rng.choice(extreme_codes(dtype)) for _ in range(self.cfg.d_model)]
-            return [random_code(self.rng, dtype, 1.0) for _ in range(self.cfg.d_model)]
+            return random_token(self.rng, dtype, self.cfg.d_model, extremes)
         low, high = signed_limits(self.cfg.in_width)
         if extremes:
             return [self.rng.choice((low, high)) for _ in range(self.cfg.d_model)]

@@ -15,7 +15,7 @@ from cocotb.triggers import ClockCycles
 from golden import moe_layer as golden
 from golden import ndp as golden_ndp
 from golden.fixed import signed_limits
-from tb.fp8 import extreme_codes, random_code
+from tb.fp8 import random_code, random_token
 from tb.harness import start_bench, write_throughput
 from tb.streams import (LONG_BURSTS, STALL_PROFILES, InOrderScoreboard, StreamBench, edge_now,
                         pause_fraction, reset_dut, wait_for)
@@ -121,9 +121,7 @@ class ChipletBench(StreamBench):
     def random_x(self, extremes=False):
         if self.floating:
             dtype = self.cfg.dtype
-            if extremes:
-                return [self.rng.choice(extreme_codes(dtype)) for _ in range(self.cfg.d_model)]
-            return [random_code(self.rng, dtype, 1.0) for _ in range(self.cfg.d_model)]
+            return random_token(self.rng, dtype, self.cfg.d_model, extremes)
         low, high = signed_limits(self.cfg.in_width)
         if extremes:
             return [self.rng.choice((low, high)) for _ in range(self.cfg.d_model)]

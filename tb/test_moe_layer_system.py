@@ -17,7 +17,7 @@ from golden import moe_layer as golden
 from golden import ndp as golden_ndp
 from golden.dram import Ddr4Stream
 from golden.fixed import signed_limits
-from tb.fp8 import extreme_codes, largest_code, random_code
+from tb.fp8 import largest_code, random_code, random_token
 from tb.harness import load_dut_config, start_bench, write_throughput
 from tb.streams import (STALL_PROFILES, HeldPauses, StreamBench, edge_now, pause_fraction,
                         wait_for)
@@ -251,10 +251,7 @@ class LayerBench(StreamBench):
             # No infinities: a slot the placement leaves over holds zero weights (tagged
             # expert 0), and inf * 0 there would be a NaN the golden layer, which has no
             # such slot, does not add (the chiplet's own tests send infinities).
-            if extremes:
-                return [self.rng.choice(extreme_codes(dtype)) for _ in range(self.cfg.d_model)]
-            return [random_code(self.rng, dtype, 1.0, infinities=False)
-                    for _ in range(self.cfg.d_model)]
+            return random_token(self.rng, dtype, self.cfg.d_model, extremes, infinities=False)
         low, high = signed_limits(self.cfg.in_width)
         if extremes:
             return [self.rng.choice((low, high)) for _ in range(self.cfg.d_model)]
