@@ -205,6 +205,74 @@ async def test_one_special_in_each_lane(dut):
     bench.stop()
 
 
+def _products_by_top(fmt, rng, operands=400):
+    """``{t: (a, b)}``: for every exponent t = floor(log2 |a*b|) that products of finite
+    nonzero positive codes reach, one pair at random (every code for FP8; for BF16 a sample
+    of 400 codes with the smallest and largest). And ``{x: code}`` of the exact powers of two."""
+    codes = [c for c in range(1, 1 << (fmt.width - 1))
+             if golden.components(c, fmt)[0] == "num"]
+    if len(codes) > operands:
+        codes = sorted({codes[0], codes[-1], *rng.sample(codes, operands - 2)})
+    by_top = {}
+    for a in codes:
+        for b in codes:
+            top = math.frexp(golden.decode(a, fmt) * golden.decode(b, fmt))[1] - 1
+            by_top.setdefault(top, []).append((a, b))
+    powers = {}
+    for c in range(1, 1 << (fmt.width - 1)):
+        value = golden.decode(c, fmt)
+        if golden.components(c, fmt)[0] == "num" and math.frexp(value)[0] == 0.5:
+            powers[math.frexp(value)[1] - 1] = c
+    return {t: rng.choice(pairs) for t, pairs in by_top.items()}, powers
+
+
+@cocotb.test()
+async def test_each_lane_leads(dut):
+    """Each lane in turn holds the beat's largest product, at every exponent t its leading bit
+    can take (a sample of 64 for BF16), beside the smallest unit the accumulator keeps below
+    it, 2**(t - F), or the largest it drops, 2**(t - F - 1) (a product of two powers of two
+    in the next lane; with g = 1, the beat before): a lane whose leading-one search or top
+    exponent were off would align the beat to a wrong exponent, dropping that unit or keeping
+    one that should go (and alone, where the unit is below the format's smallest product, it
+    would come out at a wrong exponent). Random signs; every result equals the golden dot
+    product."""
+    bench = await start_bench(DotBench, dut, "leads")
+    fmt, g, F = bench.fmt, bench.cfg.group, bench.cfg.acc_frac
+    rng = bench.rng
+    sign = 1 << (fmt.width - 1)
+    by_top, powers = _products_by_top(fmt, rng)
+    tops = sorted(by_top)
+    if len(tops) > 64:
+        tops = sorted({tops[0], tops[-1], -1, 0, *rng.sample(tops, 60)} & set(tops))
+
+    def power_pair(x):
+        """Codes (a, b) with a * b = 2**x, or None."""
+        for xa in rng.sample(sorted(powers), len(powers)):
+            if x - xa in powers:
+                return powers[xa], powers[x - xa]
+        return None
+
+    for lane in range(g):
+        for top in tops:
+            for drop in (0, 1, None):
+                a, b = by_top[top]
+                a ^= rng.choice((0, sign))
+                unit = (0, 0) if drop is None else power_pair(top - F - drop)
+                if unit is None:
+                    continue
+                ua, ub = unit[0] ^ rng.choice((0, sign)), unit[1]
+                if g == 1:
+                    bench.send_dot([ua, a], [ub, b])
+                    continue
+                beat_a, beat_b = [0] * g, [0] * g
+                beat_a[lane], beat_b[lane] = a, b
+                beat_a[(lane + 1) % g], beat_b[(lane + 1) % g] = ua, ub
+                bench.send_dot(beat_a, beat_b)
+    await bench.drain()
+    bench.check()
+    bench.stop()
+
+
 @cocotb.test()
 async def test_small_products_after_a_large_one(dut):
     """The seed's mechanism: one large product, then many small ones that the acc_frac-bit

@@ -149,8 +149,10 @@ class ChipletBench(StreamBench):
         flits = golden.dispatch_flits([e for e, _ in choices], gates, x, cfg.lanes,
                                       cfg.gate_width)
         length = len(flits) if length is None else length
-        sent = (flits + [[0] * cfg.lanes] * length)[:length]
         half = 1 << (cfg.data_width - 1)
+        # A long packet's extra flits carry random data, which the chiplet must ignore.
+        sent = (flits + [[self.rng.randrange(-half, half) for _ in range(cfg.lanes)]
+                         for _ in range(length)])[:length]
         for index, flit in enumerate(sent):
             lanes = [(v + half) % (2 * half) - half for v in flit]
             self.sources["down"].send({"token": token, "mask": 1, "data": lanes,
@@ -276,6 +278,80 @@ async def test_full_batches_fill_every_position_with_many_tokens(dut):
 
 
 @cocotb.test()
+async def test_every_member_position_holds_every_later_token(dut):
+    """Every port ready, full batches: for each held expert and each skip d < batch, a batch
+    whose tokens j >= d choose it (the held experts in groups a token can hold together, the
+    i-th of a group skipping (d + i) mod batch), so its slot's member position p holds the
+    batch's token p + d: every (position, token) pair the planner's gate and token selects can
+    meet, for every slot, in every token bank, once with random gates and once with their
+    complements (every gate bit both ways). Random routing meets each pair rarely (a bit of
+    token 3's gate, read at tile row 1 for slot 0, tied to 0 passed every other test:
+    expert_chiplet's mutant 8 of 2026-11-27)."""
+    bench = await _setup(dut, "every-pair")
+    cfg = bench.cfg
+    rng, T = bench.rng, cfg.batch
+    full = (1 << cfg.gate_width) - 1
+    hosted = sorted({bench.slot_expert[s][0] for s in range(cfg.slots)})
+    others = [e for e in range(cfg.experts) if e not in hosted]
+    # A token takes k distinct experts: those of the group it chooses, then fillers (experts
+    # held by no slot, else held ones outside the group). A group leaves k fillers outside it.
+    size = max(1, min(cfg.k, len(hosted), cfg.experts - cfg.k))
+    groups = [hosted[i:i + size] for i in range(0, len(hosted), size)]
+    tokens = 0
+    for group in groups:
+        outside = others + [e for e in hosted if e not in group]
+        for d in range(T if len(outside) >= cfg.k else 1):
+            gates = [[rng.randint(0, full) for _ in range(cfg.k)] for _ in range(T)]
+            for flip in (0, full):
+                for _ in range(cfg.token_banks):
+                    for j in range(T):
+                        chosen = [e for i, e in enumerate(group) if j >= (d + i) % T]
+                        picked = chosen + outside[:cfg.k - len(chosen)]
+                        bench.send_token(bench.random_x(), [
+                            (e, g ^ flip) for e, g in zip(picked, gates[j])])
+                        tokens += 1
+    await bench.finish(_budget(bench, tokens))
+    assert not dut.error.value
+
+
+@cocotb.test()
+async def test_sums_at_the_rounding_edge(dut):
+    """Every port ready, full batches: each token's gates are drawn until one element's
+    gate-weighted sum sits at the return's rounding edge (its bits below gate_shift equal to
+    one half, then, in a second pass, one half minus one), the element and the token slot
+    taking every pair in turn, through every bank; a token holds two experts where it can, so
+    its sum register is read back and added to. A sum bit below the rounding point lost or
+    flipped then moves the return by one, where random values hide it (a bit of token 5's sum
+    of element 5 cleared at each write passed every other test: expert_chiplet's mutant 9 of
+    2026-11-27). Floating point: random gates, the first pass's traffic."""
+    bench = await _setup(dut, "rounding-edge")
+    cfg = bench.cfg
+    rng, shift = bench.rng, cfg.gate_shift
+    model = bench.model()
+    hosted = sorted({bench.slot_expert[slot][0] for slot in range(cfg.slots)})
+    others = [e for e in range(cfg.experts) if e not in hosted]
+    full = (1 << cfg.gate_width) - 1
+    slots_in_turn = cfg.batch * cfg.token_banks
+    tokens = (1 if bench.floating else 2) * slots_in_turn * cfg.d_model
+    for j in range(tokens):
+        element = (j // slots_in_turn) % cfg.d_model
+        target = (1 << shift >> 1) - j // (slots_in_turn * cfg.d_model)
+        picked = rng.sample(hosted, min(2, cfg.k, len(hosted)))
+        picked += [e for e in others + hosted if e not in picked][:cfg.k - len(picked)]
+        x = bench.random_x()
+        gates = [rng.randint(0, full) for _ in picked]
+        held = [i for i, e in enumerate(picked) if e in hosted]
+        ys = {i: model.ffn(picked[i], x)[element] for i in held}
+        for _ in range(4000 if shift and not bench.floating else 0):
+            if sum(gates[i] * ys[i] for i in held) % (1 << shift) == target % (1 << shift):
+                break
+            gates = [rng.randint(0, full) for _ in picked]
+        bench.send_token(x, list(zip(picked, gates)))
+    await bench.finish(_budget(bench, tokens))
+    assert not dut.error.value
+
+
+@cocotb.test()
 async def test_hot_expert_and_every_slot(dut):
     """One expert takes every token, then (once those are back, so a new batch starts in the
     next bank) every token uses every held expert, but a batch's token j < S skips slot j:
@@ -384,6 +460,25 @@ async def test_misuse(dut):
     bench.load(0, (expert + 1) % cfg.experts, weights)
     await bench.finish(_budget(bench, 1))
     assert dut.error.value == 1, "a held slot loaded with another expert did not set error"
+
+
+@cocotb.test()
+async def test_misframed_packets_in_every_token_slot(dut):
+    """Every token slot of every bank takes a long packet (one to three extra flits of random
+    data, ignored) and a short one (its missing x elements read as 0, never as the slot's
+    previous token's), in two passes of full batches; every return equals the golden's and
+    error is set. (An extra flit that cleared a bit of token slot 13's element 6 passed every
+    other test: expert_chiplet's mutant 19 of 2026-11-27.)"""
+    bench = await _setup(dut, "misframed")
+    cfg, rng = bench.cfg, bench.rng
+    full = cfg.header_flits + cfg.x_flits
+    slots_in_turn = cfg.batch * cfg.token_banks
+    for j in range(2 * slots_in_turn):
+        long = (j + j // slots_in_turn) % 2 == 0 or full == 1
+        length = full + rng.randint(1, 3) if long else rng.randint(1, full - 1)
+        bench.send_token(bench.random_x(), bench.random_choices(), length=length)
+    await bench.finish(_budget(bench, 2 * slots_in_turn))
+    assert dut.error.value == 1, "a misframed packet did not set error"
 
 
 def _choosing(bench, expert):
