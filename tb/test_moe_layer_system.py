@@ -5,9 +5,9 @@ each chiplet received equal to the golden routing's. With an FP8 ``dtype``: x an
 weights are FP8 codes, y BF16 or FP32 codes combined in the tree's order.
 """
 
-import time
-
 import dataclasses
+import math
+import time
 
 import cocotb
 from cocotb.triggers import ClockCycles, RisingEdge
@@ -446,6 +446,87 @@ async def test_weights_stream_while_the_batch_computes(dut):
         out, _ = await bench.stream(bench.random_model(), tokens, dram=False)
         await bench.finish(_budget(bench, len(tokens), 0.3, 0.3))
         assert bench.leaf_tokens == out["chiplet_tokens"]
+
+
+def _steered_model(bench, model, edge):
+    """``(model, c)``: ``model`` with a constant gate table G = 2**gate_width - 1 and every
+    expert made to output one constant vector y, whatever the token, so that G*y has its bits
+    below ``gate_shift`` equal to ``edge``, for x[0] = c: W_g = 0 (g = 0, act = table entry 0
+    = A), one W_u column (u from w*c, so h = H for every row), W_d rows summing to r with
+    H*r = y. None where the configuration cannot (no H and r within the widths)."""
+    cfg = bench.cfg
+    modulus = 1 << cfg.gate_shift
+    gate = (1 << cfg.gate_width) - 1
+    low, high = signed_limits(cfg.w_width)
+    x_low, x_high = signed_limits(cfg.in_width)
+    a_low, a_high = signed_limits(cfg.in_width)
+    shifts = (cfg.shift_g, cfg.shift_u, cfg.shift_h)
+    zero = [[0] * cfg.d_model for _ in range(cfg.d_ff)]
+    unit_down = [[int(d == 0 and f == 0) for f in range(cfg.d_ff)] for d in range(cfg.d_model)]
+    small = [v for v in (1, 2, 3, 4, 5, 7, 8, 11, 16, 23, 32, 47, 64, 95)
+             if v <= min(high, x_high, a_high)]
+    for c in small + [x_high]:
+        for w in small + [high]:
+            for a in small + [a_high]:
+                up = [[w if d == 0 else 0 for d in range(cfg.d_model)] for _ in range(cfg.d_ff)]
+                act = [a] + list(model.act_lut[1:])
+                x = [c] + [0] * (cfg.d_model - 1)
+                h = golden_ndp.ffn_expert(zero, up, unit_down, x, act, shifts, cfg.in_width,
+                                          cfg.acc_width)[0]
+                # Row sum r with G*H*r = edge (mod 2**gate_shift), spread over d_ff weights:
+                # H*r = edge/G, solvable where the power of two dividing H divides it.
+                target = edge * pow(gate, -1, modulus) % modulus
+                step = math.gcd(h, modulus)
+                if h == 0 or target % step:
+                    continue
+                period = modulus // step
+                r = target // step * pow(h // step, -1, period) % period if period > 1 else 0
+                r = r - period if r >= period // 2 else r
+                row = []
+                for _ in range(cfg.d_ff):
+                    row.append(max(low, min(high, r - sum(row))))
+                if sum(row) != r:
+                    continue
+                down = [list(row) for _ in range(cfg.d_model)]
+                experts = [(zero, up, down)] * len(model.experts)
+                steered = dataclasses.replace(model, experts=experts, act_lut=act,
+                                              gate_lut=[gate] * len(model.gate_lut))
+                y = steered.ffn(0, x)
+                if all(gate * v % modulus == edge for v in y):
+                    return steered, c
+    return None
+
+
+@cocotb.test()
+async def test_chiplet_sums_at_the_rounding_edge(dut):
+    """Integer layers: every gate is G = 2**gate_width - 1 (a constant gate table) and every
+    expert outputs one constant vector y (x[0] fixed, W_g = 0, one W_u column, W_d rows
+    chosen: ``_steered_model``), so a chiplet's sum for a token of which it holds one expert
+    is G*y, placed at its return's rounding edge: the bits below gate_shift one half minus
+    one, then (the experts reloaded) one half. The router's weights and the other elements of
+    x stay random, so the tokens spread over the chiplets and their token slots, in every
+    bank. A chiplet's sum bit below the rounding point wrong (its start value, a carry)
+    moves that chiplet's return by one, and so y (moe_layer's mutant 15 of 2026-11-27:
+    chiplet 1's sum of token slot 1, element 1 starting at 1, passed every other test).
+    Floating point, or where no such model exists: the same traffic on a random model."""
+    bench = await start_bench(LayerBench, dut, "chiplet-edge")
+    cfg = bench.cfg
+    count = min(cfg.batch * cfg.token_banks * max(1, cfg.leaves // cfg.k),
+                1 << cfg.token_width)
+    half = 1 << cfg.gate_shift >> 1
+    for edge in (half - 1, half):
+        model, c = bench.random_model(), None
+        steered = None if bench.floating or not cfg.gate_shift else _steered_model(
+            bench, model, edge % (1 << cfg.gate_shift))
+        if steered:
+            model, c = steered
+        else:
+            dut._log.info("no steered model for this configuration: random ones")
+        await bench.configure(model)
+        tokens = [bench.random_x() for _ in range(count)]
+        if c is not None:
+            tokens = [[c] + x[1:] for x in tokens]
+        await bench.run(tokens, _budget(bench, count))
 
 
 @cocotb.test()

@@ -433,7 +433,7 @@ LAYER_CONFIGS = [
     # on fixed-point x.
     FP8_LAYER,
 ]
-LAYER_COCOTB_TESTS = 13
+LAYER_COCOTB_TESTS = 14
 
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
