@@ -9,7 +9,7 @@ switches), seed 003 §4.3 (node-limited routing), seed 002 (the expert FFN numer
 
 Arithmetic, per token x (D signed ``in_width``-bit elements), bit for bit:
 
-1. Gate scores: ``raw_e = sum_d x_d * Wg[d][e]`` exact, wrapped to signed ``acc_width``.
+1. Gate scores: ``raw_e = sum_d x_d * Wg[d][e]`` exact, wrapped to signed ``score_acc_width``.
 2. Score codes (what the router compares): ``s_e = requant(raw_e, score_shift, score_width) +
    2**(score_width-1)`` (``golden.ndp.requant``: round half up, saturate), an unsigned
    ``score_width``-bit code in the same order as ``raw_e``.
@@ -138,7 +138,8 @@ class MoELayer:
     groups: int = 1
     topk_groups: int = 1
     in_width: int = 8
-    acc_width: int = 32
+    acc_width: int = 32          # the experts' accumulators (the chiplets')
+    score_acc_width: int = 32    # the gate's score accumulators (moe_layer's score_acc_width)
     score_shift: int = 8
     score_width: int = 8
     gate_width: int = 8
@@ -302,7 +303,7 @@ def layer(model, tokens):
     floating = model.dtype != "int"
     for x in tokens:
         gate_x = [fixed_x(code, model.dtype) for code in x] if floating else x
-        codes = score_codes(gate_x, model.wg, model.acc_width, model.score_shift,
+        codes = score_codes(gate_x, model.wg, model.score_acc_width, model.score_shift,
                             model.score_width)
         experts, _ = router.route(codes, model.k, model.groups, model.topk_groups)
         gates = gate_weights(codes, experts, model.gate_lut)

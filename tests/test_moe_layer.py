@@ -1,6 +1,7 @@
 """The MoE layer: its golden model (golden/moe_layer.py), and moe_gate, expert_chiplet and
 moe_layer on both simulators (2D, and the 3D build in lockstep with the 2D)."""
 
+import dataclasses
 import random
 import re
 
@@ -52,6 +53,20 @@ def test_score_codes_keep_the_order_of_the_raw_scores():
             if raw[a] > raw[b]:
                 assert codes[a] >= codes[b]
     assert golden.score_codes([0] * 16, wg, 32, 6, 8) == [128] * 12
+
+
+def test_layer_scores_wrap_at_the_gate_accumulator_width():
+    """The layer's scores wrap at ``score_acc_width`` (the gate's accumulators), not at the
+    chiplets' ``acc_width``: the two were one field until a make-sweep range end
+    (``moe_layer -p score_acc_width=8``) routed every token differently from the hardware."""
+    base = _model()
+    tokens = _tokens(12, 6)
+    narrow = dataclasses.replace(base, score_acc_width=8)
+    out, wide = golden.layer(narrow, tokens), golden.layer(base, tokens)
+    assert out["codes"] == [golden.score_codes(x, base.wg, 8, 8, 8) for x in tokens]
+    assert out["codes"] != wide["codes"]
+    # The experts' accumulators keep acc_width: narrowing it alone leaves the scores alone.
+    assert golden.layer(dataclasses.replace(base, acc_width=8), tokens)["codes"] == wide["codes"]
 
 
 def test_header_round_trips_and_x_fills_lanes_in_order():
