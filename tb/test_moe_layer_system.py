@@ -459,16 +459,15 @@ def _steered_model(bench, model, edge):
     modulus = 1 << cfg.gate_shift
     gate = (1 << cfg.gate_width) - 1
     low, high = signed_limits(cfg.w_width)
-    x_low, x_high = signed_limits(cfg.in_width)
-    a_low, a_high = signed_limits(cfg.in_width)
+    x_high = signed_limits(cfg.in_width)[1]        # x and the activation table's entries
     shifts = (cfg.shift_g, cfg.shift_u, cfg.shift_h)
     zero = [[0] * cfg.d_model for _ in range(cfg.d_ff)]
     unit_down = [[int(d == 0 and f == 0) for f in range(cfg.d_ff)] for d in range(cfg.d_model)]
     small = [v for v in (1, 2, 3, 4, 5, 7, 8, 11, 16, 23, 32, 47, 64, 95)
-             if v <= min(high, x_high, a_high)]
+             if v <= min(high, x_high)]
     for c in small + [x_high]:
         for w in small + [high]:
-            for a in small + [a_high]:
+            for a in small + [x_high]:
                 up = [[w if d == 0 else 0 for d in range(cfg.d_model)] for _ in range(cfg.d_ff)]
                 act = [a] + list(model.act_lut[1:])
                 x = [c] + [0] * (cfg.d_model - 1)
