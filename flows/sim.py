@@ -10,6 +10,8 @@ import fcntl
 import importlib.util
 import os
 import re
+import resource
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,6 +206,50 @@ def _buffered_harness(block, config, path):
     return ports
 
 
+# Verilator's DFG optimizer (on by default) rewrites some wide one-of-many bit selects into
+# one-hot tables behind OR chains hundreds of terms deep; g++ then needs more memory than the
+# machine has for one C++ file of them (spiking_moe -p max_timesteps=16: over 14 GB at -O0,
+# 0.9 GB without DFG). Without DFG, though, the larger models build and run slower (moe_layer:
+# build 40 -> 48 s, run 9.5 -> 14.9 s), so builds keep it and a build that fails is built
+# once more without it; the compiler's address space is capped so that such a build fails
+# promptly and alone instead of exhausting the memory both test workers share.
+NO_DFG = "-fno-dfg"
+COMPILER_MEMORY_SHARE = 0.4          # of the machine's memory, per build (two test workers)
+
+
+def _build_with_dfg_fallback(build, simulator, build_args):
+    """``build(args)``; a Verilator build that fails is built once more without DFG."""
+    try:
+        build(build_args)
+    except RuntimeError:
+        if simulator != "verilator" or NO_DFG in build_args:
+            raise
+        print(f"moegen: the Verilator build failed; building it again with {NO_DFG}",
+              file=sys.stderr)
+        build(build_args + [NO_DFG])
+
+
+@contextlib.contextmanager
+def _compiler_memory_capped(simulator):
+    """The build's child processes (the C++ compiler) limited to COMPILER_MEMORY_SHARE of the
+    machine's memory (an address-space rlimit, inherited by every child)."""
+    if simulator != "verilator":
+        yield
+        return
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = int(total * COMPILER_MEMORY_SHARE)
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    if soft != resource.RLIM_INFINITY:
+        cap = min(cap, soft)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 def _drop_intermediates(build_dir):
     """Deletes what only the C++ compile needs: Verilator's two precompiled headers are about
     70 MB each, so a full ``make test`` would otherwise leave about 6 GB behind (and a machine
@@ -259,11 +305,13 @@ def _run_one(block, config, simulator, harness, testcase, label, *, waves, seed,
         digest = file_digest(*sources)
         started = time.monotonic()
         if not (stamp.exists() and stamp.read_text() == digest):
-            with _make_flags(optimize):
-                runner.build(sources=sources, hdl_toplevel=toplevel, build_dir=build_dir,
-                             build_args=build_args,
-                             timescale=TIMESCALE, waves=waves, always=True,
-                             log_file=build_dir / "build.log" if quiet else None)
+            def build(args):
+                with _make_flags(optimize), _compiler_memory_capped(simulator):
+                    runner.build(sources=sources, hdl_toplevel=toplevel, build_dir=build_dir,
+                                 build_args=args,
+                                 timescale=TIMESCALE, waves=waves, always=True,
+                                 log_file=build_dir / "build.log" if quiet else None)
+            _build_with_dfg_fallback(build, simulator, build_args)
             if simulator == "verilator":
                 _drop_intermediates(build_dir)
             stamp.write_text(digest)

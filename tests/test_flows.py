@@ -243,3 +243,51 @@ def test_generation_is_reused_for_the_same_configuration_and_sources(tmp_path, m
     monkeypatch.setattr(verilog, "generator_digest", lambda: "changed")
     with pytest.raises(AssertionError, match="regenerated"):
         verilog.generate(cached, config, tmp_path)
+
+
+def test_a_verilator_build_that_fails_is_built_again_without_dfg():
+    """Verilator's DFG pass can turn a model into C++ that g++ cannot compile in the machine's
+    memory (spiking_moe -p max_timesteps=16, a make sweep range end): the build is made once
+    more without DFG; an Icarus build, or one already without DFG, fails as it is."""
+    from flows.sim import NO_DFG, _build_with_dfg_fallback
+    calls = []
+
+    def fails_with_dfg(args):
+        calls.append(list(args))
+        if NO_DFG not in args:
+            raise RuntimeError("Command failed with return code: 2")
+
+    _build_with_dfg_fallback(fails_with_dfg, "verilator", ["-O3"])
+    assert calls == [["-O3"], ["-O3", NO_DFG]]
+
+    def always_fails(args):
+        calls.append(list(args))
+        raise RuntimeError("Command failed with return code: 2")
+
+    for simulator, args, tries in (("verilator", ["-O3"], 2), ("verilator", [NO_DFG], 1),
+                                   ("icarus", [], 1)):
+        calls.clear()
+        with pytest.raises(RuntimeError):
+            _build_with_dfg_fallback(always_fails, simulator, args)
+        assert len(calls) == tries
+
+
+def test_a_verilator_build_caps_the_compilers_memory():
+    """The C++ compiler of a Verilator build inherits an address-space limit of
+    COMPILER_MEMORY_SHARE of the machine's memory, lifted after the build."""
+    import resource
+    from flows.sim import COMPILER_MEMORY_SHARE, _compiler_memory_capped
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+    def child_limit_kib():
+        return subprocess.run(["sh", "-c", "ulimit -v"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    expected = int(total * COMPILER_MEMORY_SHARE)
+    expected = min([expected] + [limit for limit in before if limit != resource.RLIM_INFINITY])
+    with _compiler_memory_capped("verilator"):
+        assert int(child_limit_kib()) == expected // 1024
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+    with _compiler_memory_capped("icarus"):
+        assert resource.getrlimit(resource.RLIMIT_AS) == before
