@@ -227,17 +227,33 @@ class SpikingAttention(SisTieredComponent):
             m.submodules[f"potentials{h}"] = memory = Memory(
                 shape=unsigned(N * vw), depth=D, init=[])
             read, write = memory.read_port(domain="comb"), memory.write_port()
+            # The new potentials reach the memory through a register, written one edge later
+            # (clock rate: the feature register, the read, the LIF step and the memory's write
+            # port made one path, mostly wire). A feature's potential is read again one tile
+            # later, tiles max(N, d) >= 1 cycles apart: only with N = d = 1 can that be the
+            # next cycle, when the word is still in the register, and only then is the
+            # register's value forwarded to the read (elsewhere it would be dead logic on
+            # the path).
+            pending = Signal(N * vw, name=f"potentials{h}_pending")
+            pending_en = Signal(name=f"potentials{h}_pending_en")
+            pending_addr = Signal(range(D), name=f"potentials{h}_pending_addr")
+            stored = Signal(N * vw, name=f"potentials{h}_stored")
+            if max(N, D) == 1:
+                m.d.comb += stored.eq(Mux(pending_en, pending, read.data))
+            else:
+                m.d.comb += stored.eq(read.data)
             afters = []
             for n in range(N):
-                previous = Mux(first_step, 0, read.data[n * vw:(n + 1) * vw].as_signed())
+                previous = Mux(first_step, 0, stored[n * vw:(n + 1) * vw].as_signed())
                 fire, after = lif_neuron(m, previous, product.values[n * pw:(n + 1) * pw]
                                          .as_signed(), job.vth, job.vleak, vw, f"gen{h}_{n}",
                                          vth_plus_leak)
                 spikes.append(fire & (n < job.tokens))
                 afters.append(after)
-            m.d.comb += [read.addr.eq(feature), write.addr.eq(feature),
-                         write.data.eq(Cat(*[a.as_unsigned()[:vw] for a in afters])),
-                         write.en.eq(real & enable)]
+            m.d.sync += [pending.eq(Cat(*[a.as_unsigned()[:vw] for a in afters])),
+                         pending_en.eq(real & enable), pending_addr.eq(feature)]
+            m.d.comb += [read.addr.eq(feature), write.addr.eq(pending_addr),
+                         write.data.eq(pending), write.en.eq(pending_en)]
             writes.append(write)
         final = Signal()
         m.d.comb += final.eq((step == job.timesteps - 1) & (feature == job.head_dim - 1))

@@ -14,7 +14,8 @@ from golden import fixed
 from golden import spiking_moe as golden
 from golden.spiking_router import router_output_order
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import STALL_PROFILES, JobBench, start_after_reset, wait_for
+from tb.streams import (STALL_PROFILES, JobBench, pause_fraction, start_after_reset,
+                        wait_for)
 
 
 
@@ -28,6 +29,8 @@ class MoeBench(JobBench):
         self.expected_routes, self.expected = [], []
         self.masks = []
         self.synaptic_ops = 0
+        self.model_cycles = 0           # the golden cycle model's edges of every job queued
+        self.slowdown = 1.0 / ((1.0 - pause_fraction(gap)) * (1.0 - pause_fraction(stall)))
 
     def random_layer(self, d_in, d_out, tokens, steps, density=0.4, favourite=None):
         """Random spikes and weights. ``favourite`` makes that expert every token's first
@@ -76,11 +79,16 @@ class MoeBench(JobBench):
         self.expected += golden.moe_output_order(outputs, d_out, cfg.rows)
         self.synaptic_ops += sum(d_out * bin(mask).count("1") * sum(map(sum, token))
                                  for mask, token in zip(masks, spikes))
+        counts = [sum(mask >> e & 1 for mask in masks) for e in range(cfg.experts)]
+        self.model_cycles += golden.moe_cycles(d_in, d_out, len(spikes), len(spikes[0]), counts,
+                                               cfg.rows, cfg.cols)["outputs"][-1]
         return masks
 
     async def drain(self):
-        await self.settle("out", len(self.expected), 80 * len(self.expected)
-                          + 40 * len(self.sources["w"].sent_edges) + 6000)
+        # The jobs' modelled edges, stretched by the pauses (a max_d_in = 512 layer's routing
+        # beats alone outlast a budget counted in output beats), plus a margin per beat.
+        await self.settle("out", len(self.expected), int(self.model_cycles * self.slowdown)
+                          + 80 * len(self.expected) + 6000)
 
     def routes(self):
         return [(int(b.token), int(b.experts), [int(x) for x in b.scores], int(b.last))

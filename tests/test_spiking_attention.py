@@ -14,6 +14,9 @@ SIM_CONFIGS = [
     {"heads": 3, "max_tokens": 5, "max_head_dim": 3},          # odd sizes
     # Heads wider than the tokens (the score tiles held d apart), a 5-bit V that saturates.
     {"heads": 2, "max_tokens": 3, "max_head_dim": 7, "v_width": 5},
+    # Tiles one cycle apart: a potential is read the cycle after its write, from the write
+    # register (hw.spiking_attention's forwarding, only built here).
+    {"heads": 1, "max_tokens": 1, "max_head_dim": 1},
 ]
 
 
