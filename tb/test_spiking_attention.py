@@ -13,7 +13,7 @@ from cocotb.triggers import ClockCycles
 from golden import fixed
 from golden import spiking_attention as golden
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import STALL_PROFILES, JobBench, start_after_reset
+from tb.streams import LONG_BURSTS, STALL_PROFILES, JobBench, start_after_reset
 
 
 
@@ -102,6 +102,29 @@ async def test_threshold_edges(dut):
     y = tokens * dim                       # A[n, m] = dim, Y[n, j] = tokens x dim
     for vth, vleak in ((y, 0), (y - 1, 0), (0, y)):
         bench.job(ones, ones, ones, vth, vleak)
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+@cocotb.parametrize((("gap", "stall"), [(0.5, 0.6), (LONG_BURSTS, LONG_BURSTS)]))
+async def test_held_sums_at_the_threshold(dut, gap, stall):
+    """All-ones Q, K, V at the largest size whose Y = tokens x d fits a potential, with valid
+    gaps and ready stalls that hold the arrays mid-tile: every Y sits exactly at Vth (no spike
+    at the first timestep), then one above it (a spike). A product added again while the
+    arrays are held, or one lost, moves a Y across Vth: random spikes (test_random_jobs) meet
+    a threshold too seldom to show a single A.V sum off by one product."""
+    bench = _setup(dut, f"held{gap}{stall}", gap=gap, stall=stall)
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    v_max = fixed.signed_limits(cfg.v_width)[1]
+    tokens, dim = max(((t, d) for t in range(1, cfg.max_tokens + 1)
+                       for d in range(1, cfg.max_head_dim + 1) if t * d <= v_max),
+                      key=lambda size: (size[0] * size[1], size))
+    ones = [[[[1] * dim for _ in range(cfg.heads)] for _ in range(tokens)] for _ in range(2)]
+    y = tokens * dim                       # A[n, m] = dim, Y[n, j] = tokens x dim
+    for vth in (y, y - 1):
+        bench.job(ones, ones, ones, vth, 0)
     await bench.drain()
     bench.check()
 
