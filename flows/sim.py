@@ -215,6 +215,7 @@ def _buffered_harness(block, config, path):
 # promptly and alone instead of exhausting the memory both test workers share.
 NO_DFG = "-fno-dfg"
 COMPILER_MEMORY_SHARE = 0.4          # of the machine's memory, per build (two test workers)
+COMPILER_MEMORY_FLOOR = 4 << 30      # but never below 4 GiB: a small machine builds as before
 
 
 def _build_with_dfg_fallback(build, simulator, build_args):
@@ -232,13 +233,14 @@ def _build_with_dfg_fallback(build, simulator, build_args):
 @contextlib.contextmanager
 def _compiler_memory_capped(simulator):
     """The build's child processes (the C++ compiler) limited to COMPILER_MEMORY_SHARE of the
-    machine's memory (an address-space rlimit, inherited by every child)."""
+    machine's memory, at least COMPILER_MEMORY_FLOOR (an address-space rlimit, inherited by
+    every child; a lower limit already set is kept)."""
     if simulator != "verilator":
         yield
         return
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    cap = int(total * COMPILER_MEMORY_SHARE)
+    cap = max(int(total * COMPILER_MEMORY_SHARE), COMPILER_MEMORY_FLOOR)
     if hard != resource.RLIM_INFINITY:
         cap = min(cap, hard)
     if soft != resource.RLIM_INFINITY:

@@ -230,7 +230,7 @@ class SpikingAttention(SisTieredComponent):
             # The new potentials reach the memory through a register, written one edge later
             # (clock rate: the feature register, the read, the LIF step and the memory's write
             # port made one path, mostly wire). A feature's potential is read again one tile
-            # later, tiles max(N, d) >= 1 cycles apart: only with N = d = 1 can that be the
+            # later, tiles max(N, D) >= 1 cycles apart: only with N = D = 1 can that be the
             # next cycle, when the word is still in the register, and only then is the
             # register's value forwarded to the read (elsewhere it would be dead logic on
             # the path).

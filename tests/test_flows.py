@@ -274,9 +274,10 @@ def test_a_verilator_build_that_fails_is_built_again_without_dfg():
 
 def test_a_verilator_build_caps_the_compilers_memory():
     """The C++ compiler of a Verilator build inherits an address-space limit of
-    COMPILER_MEMORY_SHARE of the machine's memory, lifted after the build."""
+    COMPILER_MEMORY_SHARE of the machine's memory (at least COMPILER_MEMORY_FLOOR), lifted
+    after the build."""
     import resource
-    from flows.sim import COMPILER_MEMORY_SHARE, _compiler_memory_capped
+    from flows.sim import COMPILER_MEMORY_FLOOR, COMPILER_MEMORY_SHARE, _compiler_memory_capped
     before = resource.getrlimit(resource.RLIMIT_AS)
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
@@ -284,7 +285,7 @@ def test_a_verilator_build_caps_the_compilers_memory():
         return subprocess.run(["sh", "-c", "ulimit -v"], capture_output=True, text=True,
                               check=True).stdout.strip()
 
-    expected = int(total * COMPILER_MEMORY_SHARE)
+    expected = max(int(total * COMPILER_MEMORY_SHARE), COMPILER_MEMORY_FLOOR)
     expected = min([expected] + [limit for limit in before if limit != resource.RLIM_INFINITY])
     with _compiler_memory_capped("verilator"):
         assert int(child_limit_kib()) == expected // 1024
