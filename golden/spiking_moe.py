@@ -83,7 +83,8 @@ def moe_cycles(d_in, d_out, tokens, timesteps, counts, rows, cols):
     * route j at the last routing beat + ``route_latency(E)`` + j (the router's model);
     * the weight stream (E x row tiles x D_in beats from edge 1) runs beside; the cores get
       their commands 2 edges after both the last route and the last weight beat (the ISSUE
-      state), their first beats one edge later;
+      state; a core still draining an earlier layer takes its command later, which this
+      model, one layer from an idle block, does not cover), their first beats one edge later;
     * core e: each tile's last beat waits max(D_in, C) beats after the previous one; its last
       output row leaves ``column_latency(R)`` + the last column after its last beat;
     * the read-out starts 3 edges after the last core's last row (the row is merged one edge

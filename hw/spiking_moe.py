@@ -231,6 +231,7 @@ class SpikingMoe(SisTieredComponent):
         route_t, route_d = Signal(range(T)), Signal(range(D))
         router_started, routed = Signal(), Signal()
         dispatching = Signal(E)
+        unissued = Signal(E)            # cores that have not taken this layer's command yet
         finished = Signal(E)
         out_tile, out_token, out_step = Signal(range(cfg.row_tiles)), Signal(range(N)), \
             Signal(range(T))
@@ -272,13 +273,20 @@ class SpikingMoe(SisTieredComponent):
                 with m.If(router.cmd.valid & router.cmd.ready):
                     m.d.sync += router_started.eq(1)
                 with m.If(routed & (w_left == 0)):
-                    m.d.sync += dispatching.eq(Cat(*[count != 0 for count in counts]))
+                    with_tokens = Cat(*[count != 0 for count in counts])
+                    m.d.sync += [dispatching.eq(with_tokens), unissued.eq(with_tokens),
+                                 finished.eq(~with_tokens)]
                     m.next = "ISSUE"
             with m.State("ISSUE"):
+                # A core may still be draining the previous layer's padding columns (up to C
+                # of them after its last row): each core's command is held until it takes it,
+                # and the layer computes once every core with tokens has.
+                taken = Cat(*[core.cmd.valid & core.cmd.ready for core in cores])
                 for e, core in enumerate(cores):
-                    m.d.comb += core.cmd.valid.eq(dispatching[e])
-                m.d.sync += finished.eq(~dispatching)
-                m.next = "COMPUTE"
+                    m.d.comb += core.cmd.valid.eq(unissued[e])
+                m.d.sync += unissued.eq(unissued & ~taken)
+                with m.If((unissued & ~taken) == 0):
+                    m.next = "COMPUTE"
             with m.State("COMPUTE"):
                 with m.If(finished.all()):
                     m.d.sync += [out_tile.eq(0), out_token.eq(0), out_step.eq(0)]

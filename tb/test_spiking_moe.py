@@ -152,6 +152,23 @@ async def test_skewed_routing_and_merge(dut):
 
 
 @cocotb.test()
+async def test_layers_while_cores_drain(dut):
+    """Back-to-back smallest layers (one token, one timestep, D_in 1) after a layer with every
+    token: a core drains its padding columns (up to C of them) after its last row, and with C
+    large the next layer's commands reach the cores before they are ready; each core takes its
+    command when it is (K = E, 1 and 2, so cores with and without tokens mix)."""
+    bench = _setup(dut, "drain")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    E = cfg.experts
+    bench.job(*bench.random_layer(1, cfg.max_d_out, cfg.max_tokens, 1), k=E)
+    for k in (E, 1, min(2, E), E):
+        bench.job(*bench.random_layer(1, 1, 1, 1), k=k)
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
 async def test_integrations_wrap(dut):
     """Every spike 1 and every weight at the largest, then at the most negative value, over the
     full D_in and timesteps: the expert integrations and routing scores reach the largest
