@@ -125,6 +125,7 @@ def macro_models(macros):
 
 
 _INSTANCE = re.compile(rf"^\s*({MACRO_PREFIX}\w+)\s+(\\?\S+)\s*\(", re.MULTILINE)
+_CELL = re.compile(r"^\s*(\\?[^\s(]+)\s+(\\?[^\s(]+)\s*\(", re.MULTILINE)  # type, name
 _MODULE_SPAN = re.compile(r"^module (\\?[^\s(]+).*?^endmodule", re.MULTILINE | re.DOTALL)
 
 
@@ -139,17 +140,30 @@ def macro_ports(depth, width, read_ports, granularity, transparent):
     return ports
 
 
-def macro_instances(text, macros, prefix):
-    """The manifest's list of macro instances in a Verilog text whose submodules are named
-    ``<prefix>__<path>``: their hierarchical path below the top, module, macro, shape and
-    ports."""
+def macro_instances(text, macros):
+    """The manifest's list of macro instances in a Verilog text (its top: the module no other
+    instances): for every place a macro sits in the hierarchy (a module instanced several
+    times, as the layer's shared chiplet, holds its macros at each instance), its path below
+    the top, module, macro, shape and ports; in the order of the modules in the text."""
+    bodies = {match.group(1): match.group(0) for match in _MODULE_SPAN.finditer(text)}
+    paths = {name: [] for name in bodies}
+
+    def visit(name, where):
+        paths[name].append(where)
+        for kind, instance in cells[name]:
+            if kind in bodies:
+                visit(kind, [*where, instance.lstrip("\\")])
+
+    cells = {name: _CELL.findall(body) for name, body in bodies.items()}
+    instanced = {kind for found in cells.values() for kind, _ in found}
+    for top in bodies.keys() - instanced:
+        visit(top, [])
     out = []
-    for module in _MODULE_SPAN.finditer(text):
-        name = module.group(1)
-        where = name[len(prefix) + 2:].split("__") if name.startswith(prefix + "__") else []
-        for macro, instance in _INSTANCE.findall(module.group(0)):
-            out.append({"path": ".".join([*where, instance.lstrip("\\")]), "module": name,
-                        "macro": macro, **macros[macro],
-                        "ports": [{"name": port, "direction": direction, "width": bits}
-                                  for port, direction, bits in macro_ports(**macros[macro])]})
+    for name, body in bodies.items():
+        for where in paths[name]:
+            for macro, instance in _INSTANCE.findall(body):
+                out.append({"path": ".".join([*where, instance.lstrip("\\")]), "module": name,
+                            "macro": macro, **macros[macro],
+                            "ports": [{"name": port, "direction": direction, "width": bits}
+                                      for port, direction, bits in macro_ports(**macros[macro])]})
     return out

@@ -176,10 +176,21 @@ def _plain_module_names(text, top, prefix):
 def convert(component, name, prefix=None, platform=None):
     """Verilog text of ``component`` as module ``name``, every submodule renamed to the plain
     identifier ``<prefix>__<path>`` (``prefix`` defaults to ``name``); the Icarus time-0 settle
-    included. ``platform``: elaborated with it (:class:`flows.sram.SramPlatform`)."""
+    included. ``platform``: elaborated with it (:class:`flows.sram.SramPlatform`). A component
+    with ``shared_submodule()`` (``hw.moe_layer.MoELayer``) has that submodule written once,
+    as module ``<prefix>__<role>``, and instanced wherever it occurs."""
+    prefix = prefix or name
+    shared = ""
+    if hasattr(component, "shared_submodule"):
+        # A submodule repeated identically (the layer's chiplets): converted once, into the
+        # module <prefix>__<role> that the component then instances at every place.
+        role, submodule = component.shared_submodule()
+        module = f"{prefix}__{role}"
+        component.instance_shared(module, submodule.signature)
+        shared = convert(submodule, module, module, platform)
     text = verilog.convert(component, name=name, platform=platform, emit_src=False,
                            strip_internal_attrs=True)
-    return _settle_at_time_zero(_plain_module_names(text, name, prefix or name))
+    return _settle_at_time_zero(_plain_module_names(text, name, prefix)) + shared
 
 
 def built_for_ports(component):
@@ -309,7 +320,7 @@ def generate(block, config, out_dir, prefix=None, sram=False):
         from flows.sram import macro_instances, macro_models
         write_if_changed(models_path, macro_models(platform.macros))
         info["sram"] = {"models": models_path.name,
-                        "macros": macro_instances(text, platform.macros, sub_prefix),
+                        "macros": macro_instances(text, platform.macros),
                         "kept": platform.kept}
     write_if_changed(v_path, text)
     write_if_changed(j_path, json.dumps(info, indent=2) + "\n")

@@ -24,7 +24,8 @@ import dataclasses
 import math
 import types
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import (Cat, ClockSignal, Const, Instance, Module, Mux, ResetSignal, Signal,
+                          signed, unsigned)
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.memory import Memory
@@ -1439,6 +1440,7 @@ class MoELayer(TieredComponent):
         """``tier="top"``: the logic die alone, every chiplet's scratchpad banks as ports
         ``bottom__leaf<i>__bank<b>__*`` (:class:`LayerScratchpads` is the memory die)."""
         self._tree = NopTree(config.tree_config())
+        self._chiplet_module = self._chiplet_signature = None
         super().__init__(config, {
             "x": In(stream.Signature(x_layout(config.gate_config()))),
             "wg": In(stream.Signature(wg_layout(config.gate_config()))),
@@ -1455,6 +1457,37 @@ class MoELayer(TieredComponent):
             "error": Out(1),
         }, layer_banks_signature(config), tier)
 
+    def shared_submodule(self):
+        """``("chiplet", ExpertChiplet)``: the leaves are one design repeated, so a Verilog
+        export (``flows.verilog.convert``) converts one chiplet into a module of its own, names
+        it with :meth:`instance_shared`, and this layer instances it at every leaf. Amaranth
+        elaborates and converts every submodule on its own (about 5.5 s per chiplet), which held
+        a 32-leaf layer's generation to minutes."""
+        return "chiplet", ExpertChiplet(self.config.chiplet_config(), tier=self.tier)
+
+    def instance_shared(self, module, signature):
+        """Elaborate every chiplet as an instance of the Verilog module ``module`` (the
+        chiplet of :meth:`shared_submodule`, converted separately; ``signature`` its
+        signature) instead of a submodule."""
+        self._chiplet_module, self._chiplet_signature = module, signature
+
+    def _chiplet(self, m, leaf):
+        """Leaf ``leaf``'s chiplet: the submodule itself, or an interface with its signature
+        wired to an instance of the shared module (same ports, same instance name)."""
+        name = f"chiplet{leaf}"
+        if self._chiplet_module is None:
+            m.submodules[name] = chiplet = ExpertChiplet(self.config.chiplet_config(),
+                                                         tier=self.tier)
+            return chiplet
+        signature = self._chiplet_signature
+        chiplet = signature.create(path=(name,))
+        ports = {"i_clk": ClockSignal(), "i_rst": ResetSignal()}
+        for path, member, value in signature.flatten(chiplet):
+            direction = "i" if member.flow == In else "o"
+            ports[f"{direction}_{'__'.join(str(part) for part in path)}"] = value
+        m.submodules[name] = Instance(self._chiplet_module, **ports)
+        return chiplet
+
     def elaborate(self, platform):
         m = Module()
         cfg = self.config
@@ -1469,8 +1502,7 @@ class MoELayer(TieredComponent):
         assign = self.assign
         ready, assign_ready = [[] for _ in range(cfg.switch_groups)], []
         for leaf in range(cfg.leaves):
-            chiplet = m.submodules[f"chiplet{leaf}"] = ExpertChiplet(cfg.chiplet_config(),
-                                                                     tier=self.tier)
+            chiplet = self._chiplet(m, leaf)
             if self.tier == "top":
                 wiring.connect(m, chiplet.bottom,
                                wiring.flipped(getattr(self.bottom, f"leaf{leaf}")))

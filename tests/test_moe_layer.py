@@ -4,6 +4,7 @@ moe_layer on both simulators (2D, and the 3D build in lockstep with the 2D)."""
 import dataclasses
 import random
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -310,6 +311,13 @@ def test_layer_has_a_weight_port_per_switch_group():
     assert widths["weights__0__payload"] == widths["weights__1__payload"] == 2 + 1 + 2 + 8 + 1
     assert "weights__2__payload" not in widths
     assert widths["assign__payload"] == 3 + 1 + 2            # leaf of 6, slot, expert
+    # The six chiplets are one module (converted once) instanced six times, under the names
+    # and so the hierarchical paths a submodule each had.
+    chiplet = f"{info['modules'][1].split('__')[0]}__chiplet"
+    assert info["modules"].count(chiplet) == 1
+    text = Path("build/test-moe-layer-ports/moe_layer.v").read_text()
+    assert re.findall(rf"^  {chiplet} (chiplet\d+) \(", text, re.M) == \
+        [f"chiplet{leaf}" for leaf in range(6)]
 
 
 # The defaults (2 token banks); odd sizes everywhere (3 slots, D=5, F=3, 2 lanes, a 3x2 tile
