@@ -56,6 +56,16 @@ class MoeBench(JobBench):
         vth = min(v_max, rng.randint(0, w_max * max(1, d_in // 4)))
         return spikes, routing, experts, vth, min(v_max, rng.randint(0, 2))
 
+    def threshold_and_leak(self, d_in, steps):
+        """A random Vth in -I..T*I and Vleak in -I..I, I = the largest input of one timestep
+        (d_in products of the largest weight): a potential crosses Vth for some neurons, and
+        the fields' bits up to T*I's are used (``random_layer``'s Vth stays below 2^7)."""
+        largest = fixed.signed_limits(self.cfg.w_width)[1] * d_in
+        low, high = fixed.signed_limits(self.cfg.v_width)
+        clip = lambda value: max(low, min(high, value))  # noqa: E731
+        return (clip(self.rng.randint(-largest, steps * largest)),
+                clip(self.rng.randint(-largest, largest)))
+
     def job(self, spikes, routing, experts, vth, vleak, k):
         cfg = self.cfg
         d_in, d_out = len(spikes[0][0]), len(experts[0])
@@ -126,6 +136,61 @@ async def test_random_layers(dut, gap, stall):
     E = bench.cfg.experts
     for index, shape in enumerate(_shapes(bench.cfg)):
         bench.job(*bench.random_layer(*shape), k=(1, min(2, E), E, 1)[index])
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_every_pair_and_threshold(dut):
+    """With random gaps on the inputs and stalls on the outputs: every token to every expert
+    (K = E) at full size, once per timestep count, so every core's columns take each (token,
+    timestep) pair of a full token list over every row tile; each expert, for each first
+    token past 0, that token and a random subset of the later ones (a list starting later,
+    with gaps, reloaded at every row tile); random shapes and routes (K = 1..E); Vth and
+    Vleak spread over the values a potential reaches, then at the ends of their range (every
+    bit of both fields: V saturates at the largest value, which is not above it)."""
+    bench = _setup(dut, "pairs", gap=0.3, stall=0.5)
+    await start_after_reset(dut, bench)
+    cfg, rng = bench.cfg, bench.rng
+    E, N, T, D, O = cfg.experts, cfg.max_tokens, cfg.max_timesteps, cfg.max_d_in, cfg.max_d_out
+    low, high = fixed.signed_limits(cfg.v_width)
+    for steps in range(1, T + 1):
+        spikes, routing, experts, _, _ = bench.random_layer(D, O, N, steps, density=0.5)
+        bench.job(spikes, routing, experts, *bench.threshold_and_leak(D, steps), k=E)
+    if E > 1 and D > 1 and N > 1:
+        # Each expert in turn takes, for each first token 1..N-1, that token and a random
+        # subset of the later ones (K = 1): its token list starts past 0 and has gaps, and
+        # its columns reload that list at every row tile (D_out = 2R). A token with spike
+        # (0, 0) scores f for the expert, every token f // 2 for the next one through spike
+        # (0, 1); the other routing weights are 0. Neuron r passes input r mod D_in through
+        # (weight f from it, 0 from the others; Vth = Vleak = 0: it fires exactly when that
+        # spike is 1), so a spike taken from the wrong (token, timestep) shows.
+        f = fixed.signed_limits(cfg.w_width)[1]
+        d_in, d_out = min(D, 3), min(O, 2 * cfg.rows)
+        passing = [[[f if d == r % d_in else 0 for d in range(d_in)] for r in range(d_out)]
+                   for _ in range(E)]
+        for e in range(E):
+            for first in range(1, N):
+                chosen = {first} | {n for n in range(first + 1, N) if rng.random() < 0.5}
+                steps = rng.randint(1, T)
+                spikes = bench.random_layer(d_in, d_out, N, steps, density=0.5)[0]
+                for n, token in enumerate(spikes):
+                    token[0][0], token[0][1] = int(n in chosen), 1
+                routing = [[[0] * E for _ in range(d_in)] for _ in range(steps)]
+                routing[0][0][e], routing[0][1][(e + 1) % E] = f, f // 2
+                masks = bench.job(spikes, routing, passing, 0, 0, k=1)
+                assert {n for n, mask in enumerate(masks) if mask == 1 << e} == chosen
+    for _ in range(6):
+        shape = (rng.randint(1, D), rng.randint(1, O), rng.randint(1, N), rng.randint(1, T))
+        spikes, routing, experts, _, _ = bench.random_layer(*shape)
+        bench.job(spikes, routing, experts, *bench.threshold_and_leak(shape[0], shape[3]),
+                  k=rng.randint(1, E))
+    for vth, vleak in ((high, low), (low, high), (high - 1, 0)):
+        spikes, routing, experts, _, _ = bench.random_layer(min(D, 3), O, N, T)
+        bench.job(spikes, routing, experts, vth, vleak, k=E)
+    # The thresholds split the neurons: some fire and some do not.
+    bits = "".join(f"{beat[0]:b}" for beat in bench.expected)
+    assert "1" in bits and bits.count("1") < cfg.rows * len(bench.expected), "all or nothing"
     await bench.drain()
     bench.check()
 
