@@ -59,7 +59,8 @@ class MoeBench(JobBench):
     def threshold_and_leak(self, d_in, steps):
         """A random Vth in -I..T*I and Vleak in -I..I, I = the largest input of one timestep
         (d_in products of the largest weight): a potential crosses Vth for some neurons, and
-        the fields' bits up to T*I's are used (``random_layer``'s Vth stays below 2^7)."""
+        the fields' bits up to T*I's are used (``random_layer`` draws Vth in
+        0..w_max*max(1, d_in // 4) and Vleak in 0..2)."""
         largest = fixed.signed_limits(self.cfg.w_width)[1] * d_in
         low, high = fixed.signed_limits(self.cfg.v_width)
         clip = lambda value: max(low, min(high, value))  # noqa: E731
