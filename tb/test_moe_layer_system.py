@@ -449,12 +449,13 @@ async def test_weights_stream_while_the_batch_computes(dut):
         assert bench.leaf_tokens == out["chiplet_tokens"]
 
 
-def _steered_model(bench, model, edge):
-    """``(model, c)``: ``model`` with a constant gate table G = 2**gate_width - 1 and every
-    expert made to output one constant vector y, whatever the token, so that G*y has its bits
-    below ``gate_shift`` equal to ``edge``, for x[0] = c: W_g = 0 (g = 0, act = table entry 0
-    = A), one W_u column (u from w*c, so h = H for every row), W_d rows summing to r with
-    H*r = y. None where the configuration cannot (no H and r within the widths)."""
+def _steered_model(bench, model, edges):
+    """``(model, c)``: ``model`` with a constant gate table G = 2**gate_width - 1 and each
+    expert e made to output one constant vector y_e, whatever the token, so that G*y_e has its
+    bits below ``gate_shift`` equal to ``edges[e]``, for x[0] = c: W_g = 0 (g = 0, act = table
+    entry 0 = A), one W_u column (u from w_e*c, so h = H_e for every row), W_d rows summing to
+    r_e with H_e*r_e = y_e. None where the configuration cannot (no H_e and r_e within the
+    widths)."""
     cfg = bench.cfg
     modulus = 1 << cfg.gate_shift
     gate = (1 << cfg.gate_width) - 1
@@ -465,35 +466,44 @@ def _steered_model(bench, model, edge):
     unit_down = [[int(d == 0 and f == 0) for f in range(cfg.d_ff)] for d in range(cfg.d_model)]
     small = [v for v in (1, 2, 3, 4, 5, 7, 8, 11, 16, 23, 32, 47, 64, 95)
              if v <= min(high, x_high)]
+
+    def down_rows(h, edge):
+        # Row sum r with G*H*r = edge (mod 2**gate_shift), spread over d_ff weights:
+        # H*r = edge/G, solvable where the power of two dividing H divides it.
+        target = edge * pow(gate, -1, modulus) % modulus
+        step = math.gcd(h, modulus)
+        if h == 0 or target % step:
+            return None
+        period = modulus // step
+        r = target // step * pow(h // step, -1, period) % period if period > 1 else 0
+        r = r - period if r >= period // 2 else r
+        row = []
+        for _ in range(cfg.d_ff):
+            row.append(max(low, min(high, r - sum(row))))
+        return [list(row) for _ in range(cfg.d_model)] if sum(row) == r else None
+
     for c in small + [x_high]:
-        for w in small + [high]:
-            for a in small + [x_high]:
-                up = [[w if d == 0 else 0 for d in range(cfg.d_model)] for _ in range(cfg.d_ff)]
-                act = [a] + list(model.act_lut[1:])
-                x = [c] + [0] * (cfg.d_model - 1)
-                h = golden_ndp.ffn_expert(zero, up, unit_down, x, act, shifts, cfg.in_width,
-                                          cfg.acc_width)[0]
-                # Row sum r with G*H*r = edge (mod 2**gate_shift), spread over d_ff weights:
-                # H*r = edge/G, solvable where the power of two dividing H divides it.
-                target = edge * pow(gate, -1, modulus) % modulus
-                step = math.gcd(h, modulus)
-                if h == 0 or target % step:
-                    continue
-                period = modulus // step
-                r = target // step * pow(h // step, -1, period) % period if period > 1 else 0
-                r = r - period if r >= period // 2 else r
-                row = []
-                for _ in range(cfg.d_ff):
-                    row.append(max(low, min(high, r - sum(row))))
-                if sum(row) != r:
-                    continue
-                down = [list(row) for _ in range(cfg.d_model)]
-                experts = [(zero, up, down)] * len(model.experts)
-                steered = dataclasses.replace(model, experts=experts, act_lut=act,
-                                              gate_lut=[gate] * len(model.gate_lut))
-                y = steered.ffn(0, x)
-                if all(gate * v % modulus == edge for v in y):
-                    return steered, c
+        for a in small + [x_high]:
+            act = [a] + list(model.act_lut[1:])
+            x = [c] + [0] * (cfg.d_model - 1)
+            experts = []
+            for edge in edges:                 # each expert its own W_u weight w, so its H
+                for w in small + [high]:
+                    up = [[w if d == 0 else 0 for d in range(cfg.d_model)]
+                          for _ in range(cfg.d_ff)]
+                    h = golden_ndp.ffn_expert(zero, up, unit_down, x, act, shifts,
+                                              cfg.in_width, cfg.acc_width)[0]
+                    down = down_rows(h, edge)
+                    if down is not None:
+                        experts.append((zero, up, down))
+                        break
+            if len(experts) < len(edges):
+                continue
+            steered = dataclasses.replace(model, experts=experts, act_lut=act,
+                                          gate_lut=[gate] * len(model.gate_lut))
+            if all(gate * v % modulus == edge for e, edge in enumerate(edges)
+                   for v in steered.ffn(e, x)):
+                return steered, c
     return None
 
 
@@ -517,7 +527,7 @@ async def test_chiplet_sums_at_the_rounding_edge(dut):
     for edge in (half - 1, half):
         model, c = bench.random_model(), None
         steered = None if bench.floating or not cfg.gate_shift else _steered_model(
-            bench, model, edge % (1 << cfg.gate_shift))
+            bench, model, [edge % (1 << cfg.gate_shift)] * len(model.experts))
         if steered:
             model, c = steered
         else:
@@ -527,6 +537,67 @@ async def test_chiplet_sums_at_the_rounding_edge(dut):
         if c is not None:
             tokens = [[c] + x[1:] for x in tokens]
         await bench.run(tokens, _budget(bench, count))
+
+
+@cocotb.test()
+async def test_two_experts_of_a_chiplet_sum_at_the_rounding_edge(dut):
+    """Integer layers: a chiplet adds a token's experts into one sum (one adder per token slot
+    and element), and the other tests rarely give a token two experts on one chiplet with the
+    sum near its return's rounding edge. Here each token is routed to the first
+    min(k, slots) experts of one chiplet (x[0] = c for the steered experts of
+    ``_steered_model``, x[1 + i] the largest code and W_g's row 1 + i the largest weight for
+    those experts, the smallest for the others), the chiplets taken in turn, and their first
+    two experts' G*y end in (half + 1, all ones): the sum's bits below gate_shift exactly one
+    half, so any set bit of either addend lost (or a carry) moves the return down; then
+    (half - 1, 0): one below half, so any bit gained moves it up. Every token slot and
+    element of those chiplets gets such a sum (moe_layer's mutant 1 of 2026-11-27: bit 3 of
+    the addend into token slot 8's element 2 tied to 0, which no other test saw). Floating
+    point, k = 1, or no chiplet with two routed experts: the same number of tokens on a random
+    model."""
+    bench = await start_bench(LayerBench, dut, "pair-edge")
+    cfg = bench.cfg
+    model = bench.random_model()
+    per_leaf = [[e for e in range(cfg.experts) if model.placement[e] == leaf][:cfg.k]
+                for leaf in range(cfg.leaves)]
+    pairs = [leaf for leaf in range(cfg.leaves) if len(per_leaf[leaf]) >= 2]
+    modulus = 1 << cfg.gate_shift
+    half = modulus >> 1
+    count = min(cfg.batch * cfg.token_banks + cfg.batch, 1 << cfg.token_width)
+    if bench.floating or not cfg.gate_shift or not pairs or cfg.d_model < 2:
+        dut._log.info("no chiplet sums two steered experts here: a random model")
+        await bench.configure(model)
+        await bench.run([bench.random_x() for _ in range(count)], _budget(bench, count))
+        return
+    low, high = signed_limits(cfg.w_width)
+    x_high = signed_limits(cfg.in_width)[1]
+    rows = cfg.d_model - 1                       # x[1..] select the chiplet, one row each
+    for first, second in ((half + 1, modulus - 1), (half - 1, 0)):
+        for start in range(0, len(pairs), rows):
+            leaves = pairs[start:start + rows]
+            edges = [0] * len(model.experts)
+            for leaf in leaves:
+                edges[per_leaf[leaf][0]], edges[per_leaf[leaf][1]] = first, second
+            steered = _steered_model(bench, model, edges)
+            if steered is None:
+                dut._log.info(f"no steered model for the edges {first}, {second}: skipped")
+                continue
+            steered, c = steered
+            wg = [[0] * cfg.experts for _ in range(cfg.d_model)]
+            for i, leaf in enumerate(leaves):
+                wg[1 + i] = [high if e in per_leaf[leaf] else low for e in range(cfg.experts)]
+            steered = dataclasses.replace(steered, wg=wg)
+            tokens = [[c] + [x_high if d == 1 + i % len(leaves) else 0
+                             for d in range(1, cfg.d_model)] for i in range(count)]
+            routes = golden.layer(steered, tokens)["experts"]
+            colocated = sum(set(per_leaf[leaves[i % len(leaves)]][:2]) <= set(route)
+                            for i, route in enumerate(routes))
+            dut._log.info(f"edges {first}, {second}, chiplets {leaves}: {colocated} of "
+                          f"{count} tokens on two experts of one chiplet")
+            assert colocated == count or cfg.groups > 1, "the steered routing did not hold"
+            await bench.configure(steered)
+            bench.clear_counts()
+            counts = await bench.run(tokens, _budget(bench, count))
+            assert bench.leaf_tokens == counts
 
 
 @cocotb.test()

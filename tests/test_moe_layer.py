@@ -456,7 +456,7 @@ LAYER_CONFIGS = [
     # on fixed-point x.
     FP8_LAYER,
 ]
-LAYER_COCOTB_TESTS = 14
+LAYER_COCOTB_TESTS = 15
 
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
