@@ -546,13 +546,15 @@ async def test_two_experts_of_a_chiplet_sum_at_the_rounding_edge(dut):
     sum near its return's rounding edge. Here each token is routed to the first
     min(k, slots) experts of one chiplet (x[0] = c for the steered experts of
     ``_steered_model``, x[1 + i] the largest code and W_g's row 1 + i the largest weight for
-    those experts, the smallest for the others), the chiplets taken in turn, and their first
-    two experts' G*y end in (half + 1, all ones): the sum's bits below gate_shift exactly one
-    half, so any set bit of either addend lost (or a carry) moves the return down; then
-    (half - 1, 0): one below half, so any bit gained moves it up. Every token slot and
+    those experts, the smallest for the others), the first d_model - 1 chiplets with two
+    routed experts taken in turn, and their first two experts' G*y end in (half + 1, all
+    ones): the sum's bits below gate_shift exactly one half, so any set bit of either addend
+    lost (or a carry) moves the return down; then (half - 1, 0): one below half, so any bit
+    gained moves it up. Every token slot and
     element of those chiplets gets such a sum (moe_layer's mutant 1 of 2026-11-27: bit 3 of
-    the addend into token slot 8's element 2 tied to 0, which no other test saw). Floating
-    point, k = 1, or no chiplet with two routed experts: the same number of tokens on a random
+    the addend into token slot 8's element 2 tied to 0, which no other test saw); the log says
+    how many tokens the golden routing put there. Floating point, k = 1, no chiplet with two
+    routed experts, or edges the widths cannot make: the same number of tokens on a random
     model."""
     bench = await start_bench(LayerBench, dut, "pair-edge")
     cfg = bench.cfg
@@ -563,41 +565,48 @@ async def test_two_experts_of_a_chiplet_sum_at_the_rounding_edge(dut):
     modulus = 1 << cfg.gate_shift
     half = modulus >> 1
     count = min(cfg.batch * cfg.token_banks + cfg.batch, 1 << cfg.token_width)
-    if bench.floating or not cfg.gate_shift or not pairs or cfg.d_model < 2:
-        dut._log.info("no chiplet sums two steered experts here: a random model")
-        await bench.configure(model)
+
+    async def random_run(why):
+        dut._log.info(f"{why}: {count} tokens on a random model")
+        await bench.configure(bench.random_model())
         await bench.run([bench.random_x() for _ in range(count)], _budget(bench, count))
+    if bench.floating or not cfg.gate_shift or not pairs or cfg.d_model < 2:
+        await random_run("no chiplet sums two steered experts here")
         return
     low, high = signed_limits(cfg.w_width)
     x_high = signed_limits(cfg.in_width)[1]
-    rows = cfg.d_model - 1                       # x[1..] select the chiplet, one row each
+    # x[1 + i] selects chiplet i, so d_model - 1 of them at once: the first ones (every
+    # chiplet is an instance of one Verilog module, so a defect of its sums shows at any).
+    leaves = pairs[:cfg.d_model - 1]
     for first, second in ((half + 1, modulus - 1), (half - 1, 0)):
-        for start in range(0, len(pairs), rows):
-            leaves = pairs[start:start + rows]
-            edges = [0] * len(model.experts)
-            for leaf in leaves:
-                edges[per_leaf[leaf][0]], edges[per_leaf[leaf][1]] = first, second
-            steered = _steered_model(bench, model, edges)
-            if steered is None:
-                dut._log.info(f"no steered model for the edges {first}, {second}: skipped")
-                continue
-            steered, c = steered
-            wg = [[0] * cfg.experts for _ in range(cfg.d_model)]
-            for i, leaf in enumerate(leaves):
-                wg[1 + i] = [high if e in per_leaf[leaf] else low for e in range(cfg.experts)]
-            steered = dataclasses.replace(steered, wg=wg)
-            tokens = [[c] + [x_high if d == 1 + i % len(leaves) else 0
-                             for d in range(1, cfg.d_model)] for i in range(count)]
-            routes = golden.layer(steered, tokens)["experts"]
-            colocated = sum(set(per_leaf[leaves[i % len(leaves)]][:2]) <= set(route)
-                            for i, route in enumerate(routes))
-            dut._log.info(f"edges {first}, {second}, chiplets {leaves}: {colocated} of "
-                          f"{count} tokens on two experts of one chiplet")
-            assert colocated == count or cfg.groups > 1, "the steered routing did not hold"
-            await bench.configure(steered)
-            bench.clear_counts()
-            counts = await bench.run(tokens, _budget(bench, count))
-            assert bench.leaf_tokens == counts
+        edges = [0] * len(model.experts)
+        for leaf in leaves:
+            edges[per_leaf[leaf][0]], edges[per_leaf[leaf][1]] = first, second
+        steered = _steered_model(bench, model, edges)
+        if steered is None:
+            await random_run(f"no steered model for the edges {first}, {second}")
+            continue
+        steered, c = steered
+        wg = [[0] * cfg.experts for _ in range(cfg.d_model)]
+        for i, leaf in enumerate(leaves):
+            wg[1 + i] = [high if e in per_leaf[leaf] else low for e in range(cfg.experts)]
+        steered = dataclasses.replace(steered, wg=wg)
+        # every token slot of each chiplet and a batch more (bench.run sends them in waves
+        # when token ids run out)
+        steered_count = len(leaves) * (cfg.batch * cfg.token_banks + cfg.batch)
+        tokens = [[c] + [x_high if d == 1 + i % len(leaves) else 0
+                         for d in range(1, cfg.d_model)] for i in range(steered_count)]
+        routes = golden.layer(steered, tokens)["experts"]
+        colocated = sum(set(per_leaf[leaves[i % len(leaves)]][:2]) <= set(route)
+                        for i, route in enumerate(routes))
+        # (All of them but where the scores cannot tell the experts apart, e.g. 2-bit
+        # weights or a shift past every score, or the group limit splits a pair.)
+        dut._log.info(f"edges {first}, {second}, chiplets {leaves}: {colocated} of "
+                      f"{steered_count} tokens on two experts of one chiplet")
+        await bench.configure(steered)
+        bench.clear_counts()
+        counts = await bench.run(tokens, _budget(bench, steered_count))
+        assert bench.leaf_tokens == counts
 
 
 @cocotb.test()
