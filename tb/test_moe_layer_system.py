@@ -550,10 +550,10 @@ async def test_two_experts_of_a_chiplet_sum_at_the_rounding_edge(dut):
     routed experts taken in turn, and their first two experts' G*y end in (half + 1, all
     ones): the sum's bits below gate_shift exactly one half, so any set bit of either addend
     lost (or a carry) moves the return down; then (half - 1, 0): one below half, so any bit
-    gained moves it up. Every token slot and
-    element of those chiplets gets such a sum (moe_layer's mutant 1 of 2026-11-27: bit 3 of
-    the addend into token slot 8's element 2 tied to 0, which no other test saw); the log says
-    how many tokens the golden routing put there. Floating point, k = 1, no chiplet with two
+    gained moves it up. Every token slot and element of those chiplets gets such a sum
+    (moe_layer's mutant 1 of 2026-11-27: bit 3 of the addend into token slot 8's element 2
+    tied to 0, which no other test saw); the log says how many tokens the golden routing put
+    there. Floating point, k = 1, no chiplet with two
     routed experts, or edges the widths cannot make: the same number of tokens on a random
     model."""
     bench = await start_bench(LayerBench, dut, "pair-edge")
@@ -570,6 +570,7 @@ async def test_two_experts_of_a_chiplet_sum_at_the_rounding_edge(dut):
         dut._log.info(f"{why}: {count} tokens on a random model")
         await bench.configure(bench.random_model())
         await bench.run([bench.random_x() for _ in range(count)], _budget(bench, count))
+
     if bench.floating or not cfg.gate_shift or not pairs or cfg.d_model < 2:
         await random_run("no chiplet sums two steered experts here")
         return
@@ -578,7 +579,7 @@ async def test_two_experts_of_a_chiplet_sum_at_the_rounding_edge(dut):
     # x[1 + i] selects chiplet i, so d_model - 1 of them at once: the first ones (every
     # chiplet is an instance of one Verilog module, so a defect of its sums shows at any).
     leaves = pairs[:cfg.d_model - 1]
-    for first, second in ((half + 1, modulus - 1), (half - 1, 0)):
+    for first, second in (((half + 1) % modulus, modulus - 1), (half - 1, 0)):
         edges = [0] * len(model.experts)
         for leaf in leaves:
             edges[per_leaf[leaf][0]], edges[per_leaf[leaf][1]] = first, second
