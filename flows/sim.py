@@ -122,8 +122,8 @@ def buffered_tests(block):
     return re.findall(rf"^async def ({BUFFERED_PREFIX}\w+)", text, flags=re.MULTILINE)
 
 
-def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234, quiet=False,
-              three_d=False, optimize=False, sram=False):
+def run_tests(block, config, simulator, *, waves=False, testcase=None, skip=(), seed=1234,
+              quiet=False, three_d=False, optimize=False, sram=False):
     """Build ``block`` with ``config`` and run its cocotb tests on ``simulator``.
 
     Parameters
@@ -137,6 +137,8 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
         Record a trace (its path is in the result).
     testcase : list of str, optional
         Run only these cocotb tests.
+    skip : list of str
+        Without ``testcase``: run every cocotb test but these.
     seed : int
         cocotb ``RANDOM_SEED``: every random choice in the tests derives from it.
     quiet : bool
@@ -168,7 +170,7 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
     buffered = [] if three_d or sram else buffered_tests(block)
     if testcase is None:
         runs = [("direct", None)] + ([("buffered", buffered)] if buffered else [])
-        label = "all"
+        label = "-but-".join(["all", *skip])
     else:
         chosen = [name for name in testcase if name.startswith(BUFFERED_PREFIX)]
         direct = [name for name in testcase if not name.startswith(BUFFERED_PREFIX)]
@@ -177,7 +179,7 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, seed=1234
         label = ",".join(testcase)
     results = [_run_one(block, config, simulator, harness, names, label, waves=waves, seed=seed,
                         quiet=quiet, three_d=three_d, optimize=optimize, sram=sram,
-                        exclude=buffered if harness == "direct" else ())
+                        exclude=[*buffered, *skip] if harness == "direct" else ())
                for harness, names in runs]
     last = results[-1]
     return SimResult(block.name, simulator, sum(r.tests for r in results),
@@ -320,7 +322,7 @@ def _run_one(block, config, simulator, harness, testcase, label, *, waves, seed,
         built = time.monotonic()
     test_dir = build_dir / "run" / label
     # A regex on "module.test_name[/parameters]": the tests named (parametrized ones included),
-    # or every test but the excluded (buffered) ones.
+    # or every test but the excluded ones (buffered, skipped).
     names = "|".join(re.escape(name) for name in (testcase or exclude))
     test_filter = (rf"\.({names})(/|$)" if testcase else
                    rf"^(?!.*\.({names})(/|$))" if exclude else None)
