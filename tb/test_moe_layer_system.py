@@ -358,7 +358,7 @@ async def test_random_stalls(dut, gap, stall):
 @cocotb.test()
 async def test_y_held_until_the_layer_is_full(dut):
     """y not ready at all while more tokens arrive than the layer can hold (max_inflight, two
-    batches per chiplet and one more, as token ids allow): every switch's in-flight slots and
+    batches per chiplet and a batch more, as token ids allow): every switch's in-flight slots and
     the chiplets' queues fill and the layer stops taking x, a y beat offered meanwhile held
     unchanged (the monitor); released, every token's y is bit-exact, none lost or doubled."""
     held = HeldPauses()
@@ -545,13 +545,12 @@ async def test_two_experts_of_a_chiplet_sum_at_the_rounding_edge(dut):
     and element), and the other tests rarely give a token two experts on one chiplet with the
     sum near its return's rounding edge. Here each token is routed to the first
     min(k, slots) experts of one chiplet (x[0] = c for the steered experts of
-    ``_steered_model``, x[1] the largest code and W_g's row 1 the largest weight for those
-    experts, the smallest for the others), the first chiplet with two routed experts (every
-    chiplet is an instance of one Verilog module: a defect of its sums shows at any), and its
-    first two experts' G*y end in (half + 1, all ones): the sum's bits below gate_shift
-    exactly one half, so any set bit of either addend lost (or a carry) moves the return
-    down; then (half - 1, 0): one below half, so any bit gained moves it up. Every token slot
-    and element of that chiplet gets such a sum
+    ``_steered_model``, x[1 + i] the largest code and W_g's row 1 + i the largest weight for
+    those experts, the smallest for the others), the first d_model - 1 chiplets with two
+    routed experts taken in turn, and their first two experts' G*y end in (half + 1, all
+    ones): the sum's bits below gate_shift exactly one half, so any set bit of either addend
+    lost (or a carry) moves the return down; then (half - 1, 0): one below half, so any bit
+    gained moves it up. Every token slot and element of those chiplets gets such a sum
     (moe_layer's mutant 1 of 2026-11-27: bit 3 of the addend into token slot 8's element 2
     tied to 0, which no other test saw); the log says how many tokens the golden routing put
     there. Floating point, k = 1, no chiplet with two
@@ -577,29 +576,33 @@ async def test_two_experts_of_a_chiplet_sum_at_the_rounding_edge(dut):
         return
     low, high = signed_limits(cfg.w_width)
     x_high = signed_limits(cfg.in_width)[1]
-    # x[1] selects the chiplet (one is enough: every chiplet is an instance of one module).
-    leaf = pairs[0]
-    pair = per_leaf[leaf][:2]
-    # every token slot of the chiplet and a batch more (bench.run sends them in waves when
-    # token ids run out)
-    steered_count = cfg.batch * cfg.token_banks + cfg.batch
+    # x[1 + i] selects chiplet i, so d_model - 1 of them at once: the first ones (every
+    # chiplet is an instance of one Verilog module, so a defect of its sums shows at any).
+    leaves = pairs[:cfg.d_model - 1]
     for first, second in (((half + 1) % modulus, modulus - 1), (half - 1, 0)):
         edges = [0] * len(model.experts)
-        edges[pair[0]], edges[pair[1]] = first, second
+        for leaf in leaves:
+            edges[per_leaf[leaf][0]], edges[per_leaf[leaf][1]] = first, second
         steered = _steered_model(bench, model, edges)
         if steered is None:
             await random_run(f"no steered model for the edges {first}, {second}")
             continue
         steered, c = steered
         wg = [[0] * cfg.experts for _ in range(cfg.d_model)]
-        wg[1] = [high if e in per_leaf[leaf] else low for e in range(cfg.experts)]
+        for i, leaf in enumerate(leaves):
+            wg[1 + i] = [high if e in per_leaf[leaf] else low for e in range(cfg.experts)]
         steered = dataclasses.replace(steered, wg=wg)
-        tokens = [[c, x_high] + [0] * (cfg.d_model - 2) for _ in range(steered_count)]
+        # every token slot of each chiplet and a batch more (bench.run sends them in waves
+        # when token ids run out)
+        steered_count = len(leaves) * (cfg.batch * cfg.token_banks + cfg.batch)
+        tokens = [[c] + [x_high if d == 1 + i % len(leaves) else 0
+                         for d in range(1, cfg.d_model)] for i in range(steered_count)]
         routes = golden.layer(steered, tokens)["experts"]
-        colocated = sum(set(pair) <= set(route) for route in routes)
+        colocated = sum(set(per_leaf[leaves[i % len(leaves)]][:2]) <= set(route)
+                        for i, route in enumerate(routes))
         # (All of them but where the scores cannot tell the experts apart, e.g. 2-bit
         # weights or a shift past every score, or the group limit splits a pair.)
-        dut._log.info(f"edges {first}, {second}, chiplet {leaf}: {colocated} of "
+        dut._log.info(f"edges {first}, {second}, chiplets {leaves}: {colocated} of "
                       f"{steered_count} tokens on two experts of one chiplet")
         await bench.configure(steered)
         bench.clear_counts()
