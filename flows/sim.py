@@ -167,6 +167,8 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, skip=(), 
     """
     if simulator not in SIMULATORS:
         raise ValueError(f"simulator {simulator!r}: unknown; allowed: {', '.join(SIMULATORS)}")
+    if skip and testcase is not None:
+        raise ValueError("skip: only without testcase (which names the tests to run)")
     buffered = [] if three_d or sram else buffered_tests(block)
     if testcase is None:
         runs = [("direct", None)] + ([("buffered", buffered)] if buffered else [])

@@ -390,7 +390,7 @@ def test_chiplet_3d_in_lockstep_with_2d(simulator):
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
 def test_layer_3d_in_lockstep_with_2d(simulator):
-    # Every test but test_throughput (make test's time budget; a third of this run on Icarus):
+    # Every test but test_throughput (make test's time budget: about half this run on Icarus):
     # its figures are the 2D build's (make bench), and its traffic, 64-token batches under
     # each placement and weight stream, is of the kinds the other tests send. The odd
     # configuration's test_throughput runs on both simulators in make sweep's 2D run.
