@@ -553,9 +553,8 @@ async def test_two_experts_of_a_chiplet_sum_at_the_rounding_edge(dut):
     gained moves it up. Every token slot and element of those chiplets gets such a sum
     (moe_layer's mutant 1 of 2026-11-27: bit 3 of the addend into token slot 8's element 2
     tied to 0, which no other test saw); the log says how many tokens the golden routing put
-    there. Floating point, k = 1, no chiplet with two
-    routed experts, or edges the widths cannot make: the same number of tokens on a random
-    model."""
+    there. Floating point, k = 1, no chiplet with two routed experts, or edges the widths
+    cannot make: the same number of tokens on a random model."""
     bench = await start_bench(LayerBench, dut, "pair-edge")
     cfg = bench.cfg
     model = bench.random_model()
@@ -576,8 +575,9 @@ async def test_two_experts_of_a_chiplet_sum_at_the_rounding_edge(dut):
         return
     low, high = signed_limits(cfg.w_width)
     x_high = signed_limits(cfg.in_width)[1]
-    # x[1 + i] selects chiplet i, so d_model - 1 of them at once: the first ones (every
-    # chiplet is an instance of one Verilog module, so a defect of its sums shows at any).
+    # x[1 + i] selects chiplet i, so d_model - 1 of them at once. Each chiplet is an instance
+    # of one Verilog module, but `moegen mutate` mutates the flattened netlist one instance
+    # at a time: every steerable chiplet is covered, not just one.
     leaves = pairs[:cfg.d_model - 1]
     for first, second in (((half + 1) % modulus, modulus - 1), (half - 1, 0)):
         edges = [0] * len(model.experts)
