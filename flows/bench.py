@@ -96,29 +96,53 @@ def _write(output, records):
     print(f"wrote {output}")
 
 
-PARTS = {"activity": ("switching activity per operation (VCD)", "activity"),
-         "pnr": ("place and route (nextpnr, ecp5)", "pnr_ecp5")}
+def _throughputs(block, config):
+    """test_throughput (and the buffered harness's, where the block's suite has one) on both
+    simulators: the cycle-exact figures and each bench's simulated cycles per second."""
+    harnesses = [("", "test_throughput")]
+    if f"{BUFFERED_PREFIX}throughput" in buffered_tests(block):
+        harnesses.append(("_buffered", f"{BUFFERED_PREFIX}throughput"))
+    figures = {}
+    for simulator in ("verilator", "icarus"):
+        for suffix, test in harnesses:
+            print(f"bench: {block.name} on {simulator}: {test}", flush=True)
+            result = run_tests(block, config, simulator, testcase=[test], quiet=True,
+                               optimize=True)
+            figures[simulator + suffix] = _throughput(result)
+    return figures
+
+
+# part: (what it measures, its function (block, config) -> {record key: figures}).
+PARTS = {"throughput": ("test_throughput on both simulators", _throughputs),
+         "activity": ("switching activity per operation (VCD)",
+                      lambda block, config: {"activity": activity(block, config)}),
+         "pnr": ("place and route (nextpnr, ecp5)",
+                 lambda block, config: {"pnr_ecp5": _pnr_figures(block, config)})}
 
 
 def run_part(output, part, blocks=None):
-    """Only one part of the bench (``PARTS``: the switching activity, or place and route) for
-    every demo configuration (of ``blocks``): partial records, which ``moegen docs --bench``
-    adds to the recorded figures of the same configurations."""
-    what, key = PARTS[part]
-    measure = {"activity": activity, "pnr": _pnr_figures}[part]
+    """Only one part of the bench (``PARTS``: the throughput tests, the switching activity, or
+    place and route) for every demo configuration (of ``blocks``): partial records, which
+    ``moegen docs --bench`` adds to the recorded figures of the same configurations."""
+    what, measure = PARTS[part]
     records = []
     for block, config, label in demo_configurations():
         if blocks and block.name not in blocks:
             continue
         print(f"bench: {block.name} {label} {what}", flush=True)
         records.append({"block": block.name, "params": label, "partial": True,
-                        key: measure(block, config)})
+                        **measure(block, config)})
         _write(output, records)         # after each: an interrupted run keeps what it measured
     if part == "activity":
         print(activity_table(records))
-    else:
+    elif part == "pnr":
         print(table(["block", "params", "ECP5 Fmax"],
-                    [(r["block"], r["params"], fmax_text(r[key])) for r in records]))
+                    [(r["block"], r["params"], fmax_text(r["pnr_ecp5"])) for r in records]))
+    else:
+        print(table(["block", "params", "measured (cycle-exact)", "verilator cyc/s",
+                     "icarus cyc/s"],
+                    [(r["block"], r["params"], _metrics_text(r["verilator"]["metrics"]),
+                      _speeds(r, "verilator"), _speeds(r, "icarus")) for r in records]))
     _write(output, records)
     return 0
 
@@ -139,15 +163,7 @@ def run_bench(output, blocks=None, only=None):
         units = block.area_units(config)
         record = {"block": block.name, "params": label, block.area_unit + "s": units}
         # The per-cycle bench, and the buffered harness where the block's suite has one.
-        harnesses = [("", "test_throughput")]
-        if f"{BUFFERED_PREFIX}throughput" in buffered_tests(block):
-            harnesses.append(("_buffered", f"{BUFFERED_PREFIX}throughput"))
-        for simulator in ("verilator", "icarus"):
-            for suffix, test in harnesses:
-                print(f"bench: {block.name} {label} on {simulator}: {test}", flush=True)
-                result = run_tests(block, config, simulator, testcase=[test], quiet=True,
-                                   optimize=True)
-                record[simulator + suffix] = _throughput(result)
+        record.update(_throughputs(block, config))
         print(f"bench: {block.name} {label} bare Verilator loop (the ceiling)", flush=True)
         record["bare_verilator_cycles_per_second"] = bare_cycles_per_second(block, config)
         print(f"bench: {block.name} {label} synthesis (yosys, generic)", flush=True)

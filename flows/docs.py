@@ -83,6 +83,11 @@ def _figures_table(name, bench):
                      fmax_text(r.get("pnr_ecp5"))))
     full = [r for r in records if "synth_generic" in r] or records
     when = full[0].get("generated", bench.get("generated", "?"))
+    # A later `moegen bench --only throughput` run stamps the figures it re-measured.
+    again = sorted({r["verilator"]["generated"] for r in full
+                    if r.get("verilator", {}).get("generated", when) != when})
+    if again:
+        when += f" (the `test_throughput` figures of {', '.join(again)})"
     note = (f"From `make bench` of {when} (docs/bench.json): figures "
             "measured by `test_throughput` on Verilator and asserted against the golden cycle "
             "model; simulated cycles per wall-clock second on both simulators (noisy: compare "

@@ -115,3 +115,19 @@ def test_a_partial_bench_run_adds_to_the_recorded_figures():
                    "activity": {"flips_per_operation": 3, "generated": "now"}}
     assert pmu == {"generated": "then", "block": "pmu", "params": "banks=8", "cells": 20,
                    "pnr_ecp5": {"fmax_mhz": 99.0, "generated": "now"}}
+
+
+def test_a_partial_throughput_run_is_dated_on_the_block_page():
+    """`moegen bench --only throughput` replaces the test_throughput figures of a recorded
+    configuration; the page names both runs, as the synthesis figures stay the older run's."""
+    from flows.docs import _figures_table, merge_bench
+    figures = {"metrics": {"beats_per_cycle": 1.0}, "sim_cycles_per_second": 10.0}
+    old = {"generated": "then", "results": [
+        {"block": "lif", "params": "", "verilator": figures, "icarus": figures,
+         "synth_generic": {"cells": 5, "flip_flops": 1, "luts": 4, "abc": True}}]}
+    new = {"generated": "now", "results": [
+        {"block": "lif", "params": "", "partial": True, "verilator": figures,
+         "icarus": figures}]}
+    assert "From `make bench` of then (docs" in _figures_table("lif", merge_bench(old, old))
+    page = _figures_table("lif", merge_bench(old, new))
+    assert "From `make bench` of then (the `test_throughput` figures of now)" in page
