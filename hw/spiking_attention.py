@@ -217,31 +217,45 @@ class SpikingAttention(SisTieredComponent):
 
         # Generators: one potential per (token, feature) of each head, over the timesteps.
         feature, step = Signal(range(D)), Signal(8)
+        next_feature = Signal(range(D))     # feature's value after this edge
         first_step = Signal(init=1)     # step == 0, held in a register (clock rate)
         real = Signal()
         m.d.comb += real.eq(products[0].column_valid & (feature < job.head_dim))
+        m.d.comb += next_feature.eq(feature)
+        with m.If(enable & products[0].column_valid):
+            m.d.comb += next_feature.eq(Mux(products[0].column_last, 0, feature + 1))
         spikes = []
         writes = []
         pw = cfg.product_width
         for h, product in enumerate(products):
             m.submodules[f"potentials{h}"] = memory = Memory(
                 shape=unsigned(N * vw), depth=D, init=[])
-            read, write = memory.read_port(domain="comb"), memory.write_port()
-            # The new potentials reach the memory through a register, written one edge later
-            # (clock rate: the feature register, the read, the LIF step and the memory's write
-            # port made one path, mostly wire). A feature's potential is read again one tile
-            # later, tiles max(N, D) >= 1 cycles apart: only with N = D = 1 can that be the
-            # next cycle, when the word is still in the register, and only then is the
-            # register's value forwarded to the read (elsewhere it would be dead logic on
-            # the path).
+            # Clock rate: the feature register, an asynchronous read, the LIF step and the
+            # memory's write port made one path, mostly wire. So the read is synchronous, at
+            # the address the feature register is about to take and in every cycle (a held
+            # pipeline re-reads its word), and the new potentials reach the memory through a
+            # register, written one edge later. The read is not transparent: Yosys builds a
+            # transparent one from a registered address, which puts the read back on the
+            # path; a write to the word read on the same edge is kept beside it instead
+            # (`caught`). A feature's potential is read again one tile later, tiles
+            # max(N, D) >= 1 cycles apart: with two or more its write is at or before the
+            # read's edge; only with N = D = 1 can it be the next cycle, when the word is
+            # still in the register, and only then is the register's value forwarded to the
+            # read (elsewhere it would be dead logic on the path).
+            read, write = memory.read_port(), memory.write_port()
             pending = Signal(N * vw, name=f"potentials{h}_pending")
             pending_en = Signal(name=f"potentials{h}_pending_en")
             pending_addr = Signal(range(D), name=f"potentials{h}_pending_addr")
             stored = Signal(N * vw, name=f"potentials{h}_stored")
+            caught = Signal(name=f"potentials{h}_caught")       # written on the read's edge
+            written = Signal(N * vw, name=f"potentials{h}_written")
+            m.d.sync += [caught.eq(pending_en & (pending_addr == next_feature)),
+                         written.eq(pending)]
+            fresh = Mux(caught, written, read.data)
             if max(N, D) == 1:
-                m.d.comb += stored.eq(Mux(pending_en, pending, read.data))
+                m.d.comb += stored.eq(Mux(pending_en, pending, fresh))
             else:
-                m.d.comb += stored.eq(read.data)
+                m.d.comb += stored.eq(fresh)
             afters = []
             for n in range(N):
                 previous = Mux(first_step, 0, stored[n * vw:(n + 1) * vw].as_signed())
@@ -252,18 +266,16 @@ class SpikingAttention(SisTieredComponent):
                 afters.append(after)
             m.d.sync += [pending.eq(Cat(*[a.as_unsigned()[:vw] for a in afters])),
                          pending_en.eq(real & enable), pending_addr.eq(feature)]
-            m.d.comb += [read.addr.eq(feature), write.addr.eq(pending_addr),
+            m.d.comb += [read.addr.eq(next_feature), write.addr.eq(pending_addr),
                          write.data.eq(pending), write.en.eq(pending_en)]
             writes.append(write)
         final = Signal()
         m.d.comb += final.eq((step == job.timesteps - 1) & (feature == job.head_dim - 1))
-        with m.If(enable & products[0].column_valid):
-            with m.If(products[0].column_last):
-                m.d.sync += [feature.eq(0), step.eq(step + 1), first_step.eq(0)]
-                with m.If(step == job.timesteps - 1):
-                    m.d.sync += [step.eq(0), first_step.eq(1), draining.eq(0)]
-            with m.Else():
-                m.d.sync += feature.eq(feature + 1)
+        m.d.sync += feature.eq(next_feature)
+        with m.If(enable & products[0].column_valid & products[0].column_last):
+            m.d.sync += [step.eq(step + 1), first_step.eq(0)]
+            with m.If(step == job.timesteps - 1):
+                m.d.sync += [step.eq(0), first_step.eq(1), draining.eq(0)]
 
         out_valid = pipe.reg(real, "gen_valid")
         row = Signal(self.out.payload.shape())
