@@ -134,7 +134,7 @@ def activity(block, config, testcase="test_throughput"):
     ``build/bench.json``."""
     three_d = block.tiers is not None
     result = run_tests(block, config, "verilator", testcase=[testcase], waves=True,
-                       quiet=True, three_d=three_d)
+                       quiet=True, three_d=three_d, measure=True)
     operations = _operations(result, block)
     trace = read_trace(result.waves)
     root = (trace.top, "u_2d") if three_d else (trace.top,)

@@ -107,7 +107,7 @@ def _throughputs(block, config):
         for suffix, test in harnesses:
             print(f"bench: {block.name} on {simulator}: {test}", flush=True)
             result = run_tests(block, config, simulator, testcase=[test], quiet=True,
-                               optimize=True)
+                               optimize=True, measure=True)
             figures[simulator + suffix] = _throughput(result)
     return figures
 
@@ -203,7 +203,7 @@ def run_demo():
         generate(block, config, out_dir)
         print(f"demo: {block.name} {label}: Verilog, Verilator tests, synthesis", flush=True)
         try:
-            result = run_tests(block, config, "verilator", quiet=True)
+            result = run_tests(block, config, "verilator", quiet=True, measure=True)
             verdict = f"{result.tests}/{result.tests} pass"
             figures = _throughput(result)
             measured_first.setdefault(block.name, figures)

@@ -118,7 +118,7 @@ def run_layer_demo():
     status = 0
     try:
         result = run_tests(block, config, "verilator", testcase=["test_throughput"],
-                           quiet=True)
+                           quiet=True, measure=True)
         figures = json.loads((result.results_xml.parent / THROUGHPUT_FILE).read_text())
         verdict = "passed: y bit-exact for every token under both placements"
     except SimFailure as failure:

@@ -123,7 +123,7 @@ def buffered_tests(block):
 
 
 def run_tests(block, config, simulator, *, waves=False, testcase=None, skip=(), seed=1234,
-              quiet=False, three_d=False, optimize=False, sram=False):
+              quiet=False, three_d=False, optimize=False, sram=False, measure=False):
     """Build ``block`` with ``config`` and run its cocotb tests on ``simulator``.
 
     Parameters
@@ -151,6 +151,10 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, skip=(), 
     sram : bool
         Simulate the ``--sram`` Verilog (:mod:`flows.sram`): the memories that SRAM macros can
         take are macro instances, simulated by their behavioural models.
+    measure : bool
+        The run measures (`make bench`, the demo, a sweep): a test that times the design runs
+        its long form (``tb.harness.throughput_beats``), passed as the plusarg
+        ``+moegen_measure=1``.
 
     Returns
     -------
@@ -181,7 +185,7 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, skip=(), 
         label = ",".join(testcase)
     results = [_run_one(block, config, simulator, harness, names, label, waves=waves, seed=seed,
                         quiet=quiet, three_d=three_d, optimize=optimize, sram=sram,
-                        exclude=[*buffered, *skip] if harness == "direct" else ())
+                        measure=measure, exclude=[*buffered, *skip] if harness == "direct" else ())
                for harness, names in runs]
     last = results[-1]
     return SimResult(block.name, simulator, sum(r.tests for r in results),
@@ -266,7 +270,7 @@ def _drop_intermediates(build_dir):
 
 
 def _run_one(block, config, simulator, harness, testcase, label, *, waves, seed, quiet, three_d,
-             optimize, exclude, sram=False):
+             optimize, exclude, sram=False, measure=False):
     """One build and run: ``harness`` "direct" (the block, every test but ``exclude``) or
     "buffered" (``BLOCK_buffered``, the ``testcase`` names)."""
     from cocotb_tools.runner import get_runner
@@ -329,7 +333,7 @@ def _run_one(block, config, simulator, harness, testcase, label, *, waves, seed,
     test_filter = (rf"\.({names})(/|$)" if testcase else
                    rf"^(?!.*\.({names})(/|$))" if exclude else None)
     test_dir.mkdir(parents=True, exist_ok=True)
-    plusargs = [f"+moegen_manifest={m_path}"]
+    plusargs = [f"+moegen_manifest={m_path}"] + (["+moegen_measure=1"] if measure else [])
     if waves and simulator == "icarus":
         # cocotb's Icarus dump module honours this plusarg: one trace per run folder.
         plusargs.append(f"+dumpfile_path={test_dir / (block.name + '.fst')}")

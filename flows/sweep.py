@@ -142,7 +142,7 @@ def _figures(spec):
         from flows.sim import run_tests
         from tb.harness import THROUGHPUT_FILE
         result = run_tests(block, config, spec["option"], testcase=["test_throughput"],
-                           quiet=True)
+                           quiet=True, measure=True)
         record = json.loads((result.results_xml.parent / THROUGHPUT_FILE).read_text())
         return _throughput(record)
     if spec["kind"] == "synth":

@@ -14,15 +14,19 @@ import cocotb
 from hw.registry import get_block
 
 __all__ = ["dut_manifest", "load_dut_config", "make_rng", "start_bench", "restart_bench",
-           "write_throughput", "THROUGHPUT_FILE", "THROUGHPUT_BEATS"]
+           "write_throughput", "THROUGHPUT_FILE", "throughput_beats"]
 
 # Written by each block's test_throughput in its run folder; read by flows/bench.py.
 THROUGHPUT_FILE = "throughput.json"
 
-# How many input beats (rows, tokens' flits) a streaming block's test_throughput sends at
-# saturation: thousands of transfers past a pipeline of tens of stages, so the rate it asserts
-# is the steady state's; no longer, as `make test` runs it on Icarus in every configuration.
-THROUGHPUT_BEATS = 2_000
+
+def throughput_beats():
+    """How many input beats (rows, tokens' flits, cycles) a saturated throughput test sends:
+    10,000 when the run measures (``flows.sim.run_tests(measure=True)``: `make bench`, the
+    demo, sweeps), long enough to time; 2,000 when `make test` checks the cycle model, still
+    thousands of transfers past pipelines tens of stages deep (it runs on Icarus in every
+    configuration, where the longer form took minutes)."""
+    return 10_000 if cocotb.plusargs.get("moegen_measure") else 2_000
 
 
 def dut_manifest():

@@ -12,7 +12,7 @@ import cocotb
 from cocotb.triggers import ClockCycles
 
 from golden import fp as golden
-from tb.harness import THROUGHPUT_BEATS, restart_bench, start_bench, write_throughput
+from tb.harness import restart_bench, start_bench, throughput_beats, write_throughput
 from tb.streams import STALL_PROFILES, PipeBench, beats_per_cycle, edge_now
 
 
@@ -344,10 +344,10 @@ async def test_reset_mid_dot(dut):
 
 @cocotb.test()
 async def test_throughput(dut):
-    """Beats and products per cycle at saturation over THROUGHPUT_BEATS beats."""
+    """Beats and products per cycle at saturation over throughput_beats() beats."""
     bench = await start_bench(DotBench, dut, "throughput")
     began, first_edge = time.perf_counter(), edge_now()
-    while bench.beats < THROUGHPUT_BEATS:
+    while bench.beats < throughput_beats():
         bench.random_dot(longest=4 * bench.cfg.group)
     await bench.drain()
     bench.check()

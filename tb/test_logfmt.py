@@ -12,7 +12,7 @@ import cocotb
 from cocotb.triggers import ClockCycles
 
 from golden import logfmt as golden
-from tb.harness import THROUGHPUT_BEATS, restart_bench, start_bench, write_throughput
+from tb.harness import restart_bench, start_bench, throughput_beats, write_throughput
 from tb.logfmt_tiles import (EDGE_KINDS, KINDS, divider_edge_tile, random_tile,
                               rounding_edge_tile, rounding_edges)
 from tb.streams import STALL_PROFILES, PipeBench, beats_per_cycle, edge_now
@@ -128,10 +128,10 @@ async def test_reset_mid_tile(dut):
 
 @cocotb.test()
 async def test_throughput(dut):
-    """Elements per cycle at saturation over THROUGHPUT_BEATS beats: ``lanes``."""
+    """Elements per cycle at saturation over throughput_beats() beats: ``lanes``."""
     bench = await start_bench(EncoderBench, dut, "throughput")
     began, first_edge = time.perf_counter(), edge_now()
-    while bench.rows < THROUGHPUT_BEATS:
+    while bench.rows < throughput_beats():
         bench.random_tile(("gaussian",))
     await bench.drain()
     bench.check(timed=True)

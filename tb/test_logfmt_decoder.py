@@ -11,7 +11,7 @@ import cocotb
 from cocotb.triggers import ClockCycles, FallingEdge
 
 from golden import logfmt as golden
-from tb.harness import THROUGHPUT_BEATS, restart_bench, start_bench, write_throughput
+from tb.harness import restart_bench, start_bench, throughput_beats, write_throughput
 from tb.logfmt_tiles import EDGE_KINDS, KINDS, random_tile
 from tb.streams import STALL_PROFILES, PipeBench, beats_per_cycle, edge_now
 
@@ -168,10 +168,10 @@ async def test_reset_mid_stream(dut):
 
 @cocotb.test()
 async def test_throughput(dut):
-    """Elements per cycle at saturation over THROUGHPUT_BEATS beats: ``lanes``."""
+    """Elements per cycle at saturation over throughput_beats() beats: ``lanes``."""
     bench = await start_bench(DecoderBench, dut, "throughput")
     began, first_edge = time.perf_counter(), edge_now()
-    while bench.beats < THROUGHPUT_BEATS:
+    while bench.beats < throughput_beats():
         bench.encoded_tile(("gaussian",))
     await bench.drain()
     bench.check(timed=True)

@@ -16,7 +16,7 @@ from golden import moe_layer as golden
 from golden import router as golden_router
 from golden.fixed import signed_limits
 from tb.fp8 import largest_code, random_token
-from tb.harness import THROUGHPUT_BEATS, start_bench, write_throughput
+from tb.harness import start_bench, throughput_beats, write_throughput
 from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, pause_fraction,
                         reset_dut, wait_for)
 
@@ -220,11 +220,11 @@ async def test_protocol_misuse_sets_error(dut):
 @cocotb.test()
 async def test_throughput(dut):
     """Every port saturated: tokens per cycle against the bound 1/(H + B) of the packet port,
-    over THROUGHPUT_BEATS flits or more; written for `make bench`."""
+    over throughput_beats() flits or more; written for `make bench`."""
     bench = await _setup(dut, "throughput")
     cfg = bench.cfg
     flits = cfg.header_flits + cfg.beats
-    tokens = max(64, -(-THROUGHPUT_BEATS // flits))
+    tokens = max(64, -(-throughput_beats() // flits))
     for token in range(tokens):
         bench.send_token(token, bench.random_x())
     began = time.perf_counter()

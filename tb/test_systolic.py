@@ -16,7 +16,7 @@ from golden import fixed
 from golden import fp
 from golden import systolic as golden
 from tb.buffered import BufferedBench
-from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.harness import load_dut_config, make_rng, throughput_beats, write_throughput
 from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, edge_now, pause_fraction,
                         reset_dut, start_clock, wait_for)
 
@@ -420,14 +420,13 @@ async def test_throughput(dut):
 @cocotb.test()
 async def test_buffered_throughput(dut):
     """The same saturated jobs on the buffered harness (tb.buffered, module BLOCK_buffered),
-    enough of them for 10k cycles (2k with floating-point PEs; long enough to time): cycle-exact against the same golden
-    schedule, and the simulated cycles per second that `make bench` reports."""
+    enough of them for throughput_beats() cycles (10k when measuring, long enough to time):
+    cycle-exact against the same golden schedule, and the simulated cycles per second that
+    `make bench` reports."""
     _, config, _ = load_dut_config()
     beats_per_job = max(config.rows, 8) if getattr(config, "dataflow", "os") == "ws" \
         else config.rows
-    # Floating-point PEs simulate at a few hundred cycles a second on Icarus: 2,000 cycles.
-    cycles = 2_000 if getattr(config, "dtype", "int") != "int" else 10_000
-    await _saturated(dut, buffered=True, jobs=-(-cycles // beats_per_job))
+    await _saturated(dut, buffered=True, jobs=-(-throughput_beats() // beats_per_job))
 
 
 @cocotb.test()

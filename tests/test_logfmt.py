@@ -144,6 +144,22 @@ def test_decoder_cocotb(params, simulator):
     assert run_block("logfmt_decoder", params, simulator).tests == COCOTB_TESTS
 
 
+def test_a_measuring_run_sends_the_long_throughput_form():
+    """`make bench` times test_throughput over 10,000 beats, `make test` checks it over 2,000
+    (tb.harness.throughput_beats, told by run_tests(measure=True) through a plusarg)."""
+    import json
+    from tb.harness import THROUGHPUT_FILE
+    params = DECODER_CONFIGS[1]
+    lanes = params["lanes"]
+    beats = {}
+    for measure in (False, True):
+        result = run_block("logfmt_decoder", params, "verilator", testcase=["test_throughput"],
+                           quiet=True, measure=measure)
+        report = json.loads((result.results_xml.parent / THROUGHPUT_FILE).read_text())
+        beats[measure] = report["operations"] // lanes
+    assert 2_000 <= beats[False] < 2_200 and 10_000 <= beats[True] < 10_200, beats
+
+
 @pytest.mark.sweep
 @pytest.mark.parametrize("simulator", SIMULATORS)
 @pytest.mark.parametrize("params", SWEEP_DECODER_CONFIGS,
