@@ -113,18 +113,48 @@ async def test_held_sums_at_the_threshold(dut, gap, stall):
     gaps and ready stalls that hold the arrays mid-tile: every Y sits exactly at Vth (no spike
     at the first timestep), then one above it (a spike). A product added again while the
     arrays are held, or one lost, moves a Y across Vth: random spikes (test_random_jobs) meet
-    a threshold too seldom to show a single A.V sum off by one product."""
+    a threshold too seldom to show a single A.V sum off by one product. Then the same with
+    key token m holding (m mod d) + 1 ones, so A[n, m] steps 1, 2, ... and the partial sums
+    pass through many values (equal steps of d can hide a partial sum's flipped bit: flipped
+    back at a later step, the total comes out right)."""
     bench = _setup(dut, f"held{gap}{stall}", gap=gap, stall=stall)
     await start_after_reset(dut, bench)
     cfg = bench.cfg
     v_max = fixed.signed_limits(cfg.v_width)[1]
-    tokens, dim = max(((t, d) for t in range(1, cfg.max_tokens + 1)
-                       for d in range(1, cfg.max_head_dim + 1) if t * d <= v_max),
-                      key=lambda size: (size[0] * size[1], size))
-    ones = [[[[1] * dim for _ in range(cfg.heads)] for _ in range(tokens)] for _ in range(2)]
-    y = tokens * dim                       # A[n, m] = dim, Y[n, j] = tokens x dim
-    for vth in (y, y - 1):
-        bench.job(ones, ones, ones, vth, 0)
+
+    def steps(t, d):                       # Y[n, j] = sum of A[n, m] with K's ramp
+        return sum(m % d + 1 for m in range(t))
+
+    for y_of, key_ones in ((lambda t, d: t * d, lambda m, d: d),
+                           (steps, lambda m, d: m % d + 1)):
+        tokens, dim = max(((t, d) for t in range(1, cfg.max_tokens + 1)
+                           for d in range(1, cfg.max_head_dim + 1) if y_of(t, d) <= v_max),
+                          key=lambda size: (y_of(*size), size))
+        ones = [[[[1] * dim for _ in range(cfg.heads)] for _ in range(tokens)]
+                for _ in range(2)]
+        keys = [[[[int(i < key_ones(m, dim)) for i in range(dim)] for _ in range(cfg.heads)]
+                 for m in range(tokens)] for _ in range(2)]
+        y = y_of(tokens, dim)
+        for vth in (y, y - 1):
+            bench.job(ones, keys, ones, vth, 0)
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_potentials_saturate(dut):
+    """Leaks and thresholds at the ends of the v_width range, so that potentials saturate at
+    both ends in every timestep: Vleak = min (every sum past max: V holds at max, which fires
+    only when Vth < max), Vleak = max (every sum past min: V holds at min, which never fires),
+    with Vth = max, max - 1, min and 0, on random spikes over three timesteps. Random jobs
+    keep V far inside the range (Y <= tokens x d)."""
+    bench = _setup(dut, "saturate")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    low, high = fixed.signed_limits(cfg.v_width)
+    for vth, vleak in ((high, low), (high - 1, low), (low, high), (0, high), (high, high)):
+        q, k, v, _, _ = bench.random_job(cfg.max_tokens, 3, cfg.max_head_dim)
+        bench.job(q, k, v, vth, vleak)
     await bench.drain()
     bench.check()
 

@@ -7,7 +7,7 @@ from golden import spiking_attention as golden
 from hw.params import ParamError
 from hw.spiking_attention import SpikingAttentionConfig
 
-COCOTB_TESTS = 10
+COCOTB_TESTS = 11
 
 SIM_CONFIGS = [
     {"heads": 2, "max_tokens": 8, "max_head_dim": 8},          # the make demo configuration
