@@ -96,7 +96,7 @@ def _write(output, records):
     print(f"wrote {output}")
 
 
-def _throughputs(block, config):
+def _throughputs(block, config, label):
     """test_throughput (and the buffered harness's, where the block's suite has one) on both
     simulators: the cycle-exact figures and each bench's simulated cycles per second."""
     harnesses = [("", "test_throughput")]
@@ -105,19 +105,19 @@ def _throughputs(block, config):
     figures = {}
     for simulator in ("verilator", "icarus"):
         for suffix, test in harnesses:
-            print(f"bench: {block.name} on {simulator}: {test}", flush=True)
+            print(f"bench: {block.name} {label} on {simulator}: {test}", flush=True)
             result = run_tests(block, config, simulator, testcase=[test], quiet=True,
                                optimize=True, measure=True)
             figures[simulator + suffix] = _throughput(result)
     return figures
 
 
-# part: (what it measures, its function (block, config) -> {record key: figures}).
+# part: (what it measures, its function (block, config, label) -> {record key: figures}).
 PARTS = {"throughput": ("test_throughput on both simulators", _throughputs),
          "activity": ("switching activity per operation (VCD)",
-                      lambda block, config: {"activity": activity(block, config)}),
+                      lambda block, config, _: {"activity": activity(block, config)}),
          "pnr": ("place and route (nextpnr, ecp5)",
-                 lambda block, config: {"pnr_ecp5": _pnr_figures(block, config)})}
+                 lambda block, config, _: {"pnr_ecp5": _pnr_figures(block, config)})}
 
 
 def run_part(output, part, blocks=None):
@@ -131,7 +131,7 @@ def run_part(output, part, blocks=None):
             continue
         print(f"bench: {block.name} {label} {what}", flush=True)
         records.append({"block": block.name, "params": label, "partial": True,
-                        **measure(block, config)})
+                        **measure(block, config, label)})
         _write(output, records)         # after each: an interrupted run keeps what it measured
     if part == "activity":
         print(activity_table(records))
@@ -163,7 +163,7 @@ def run_bench(output, blocks=None, only=None):
         units = block.area_units(config)
         record = {"block": block.name, "params": label, block.area_unit + "s": units}
         # The per-cycle bench, and the buffered harness where the block's suite has one.
-        record.update(_throughputs(block, config))
+        record.update(_throughputs(block, config, label))
         print(f"bench: {block.name} {label} bare Verilator loop (the ceiling)", flush=True)
         record["bare_verilator_cycles_per_second"] = bare_cycles_per_second(block, config)
         print(f"bench: {block.name} {label} synthesis (yosys, generic)", flush=True)

@@ -1,6 +1,7 @@
 """golden.logfmt against the float64 LogFMT of golden.fp, its constants, and the codec blocks
 on both simulators."""
 
+import json
 import math
 import random
 
@@ -12,6 +13,7 @@ from golden import fp
 from golden import logfmt as lf
 from hw.params import ParamError
 from hw.registry import get_block
+from tb.harness import THROUGHPUT_FILE
 
 
 def _bf16_tile(rng, size=128, scale=1.0):
@@ -147,8 +149,6 @@ def test_decoder_cocotb(params, simulator):
 def test_a_measuring_run_sends_the_long_throughput_form():
     """`make bench` times test_throughput over 10,000 beats, `make test` checks it over 2,000
     (tb.harness.throughput_beats, told by run_tests(measure=True) through a plusarg)."""
-    import json
-    from tb.harness import THROUGHPUT_FILE
     params = DECODER_CONFIGS[1]
     lanes = params["lanes"]
     beats = {}
