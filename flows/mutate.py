@@ -20,10 +20,11 @@
    (``miter -equiv``), merges the cells the two share (``opt_merge``: what is left is one
    design and two copies of the mutated cone) and ``sat -tempinduct`` tries to prove the
    outputs equal in every cycle from the initial state (the registers' ``init`` values), for
-   every input sequence, resets included. Where induction fails on a state that cannot be
-   reached (a register bit that never leaves 0, a stall path in a layer that never stalls),
-   the same miter goes to ABC as an AIGER file: ``scorr`` merges the registers that are equal
-   in every reachable state, then ``pdr`` (IC3) searches for an invariant (``abc_proof``).
+   every input sequence, resets included. Between the local proof and that check's last try,
+   the same miter goes to ABC as an AIGER file (``abc_proof``): ``scorr`` merges the
+   registers that are equal in every reachable state, then ``pdr`` (IC3) searches for an
+   invariant; it settles what needs one (a register bit that never leaves 0, a stall path in
+   a layer that never stalls), where k-induction fails on the unreachable states.
    Proven: the mutant is equivalent (no test can kill it). A counterexample, or neither
    within these limits (``SAT_STEPS`` steps, ``EQUIV_SECONDS``, ``ABC_SECONDS``): it
    survived. Survivors are checked in the worker that ran their suite, right after it.
@@ -376,17 +377,19 @@ def abc_proof(v_path, top, line, out_dir, index, seconds):
         left = deadline - time.monotonic()
         if left <= 1:
             return "undecided"
+        # scorr has no time limit of its own: the run's timeout stops it.
         proc = subprocess.run(
             [ABC, "-c", f"read_aiger {aiger}; fold; strash; scorr; pdr -T {int(left)}"],
             cwd=out_dir, capture_output=True, text=True, timeout=left + 10)
-    except subprocess.TimeoutExpired:
-        return "undecided"
+        out = proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as stopped:
+        out = f"{stopped.output or ''}\n(stopped after {seconds} s)\n"
     finally:
         (out_dir / aiger).unlink(missing_ok=True)
-    (out_dir / f"abc{index}.abc.log").write_text(proc.stdout + proc.stderr)
-    if "Property proved" in proc.stdout:
+    (out_dir / f"abc{index}.abc.log").write_text(out)
+    if "Property proved" in out:
         return "equivalent"
-    if re.search(r"Output \d+ of miter .* was asserted in frame", proc.stdout):
+    if re.search(r"Output \d+ of miter .* was asserted in frame", out):
         return "different"
     return "undecided"
 
@@ -516,7 +519,7 @@ def run_mutation(block, config, count=20, simulator="verilator", seed=1, jobs=2,
             "unchanged": "; the mutation changes no bit of the netlist (the bit already had "
                          "that value)",
             "equivalent": "; proven equivalent to the original",
-            "different": "; differs from the original (the SAT solver found a counterexample)",
+            "different": "; differs from the original (a solver found a counterexample)",
             "undecided": f"; not proven equal (signal by signal in {LOCAL_SECONDS} s, nor "
                          f"by ABC's scorr and pdr in {ABC_SECONDS} s, nor whole within "
                          f"{SAT_STEPS} steps or {EQUIV_SECONDS} s)"}[proof]
