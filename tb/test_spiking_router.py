@@ -69,13 +69,15 @@ def _setup(dut, salt, **kwargs):
 @cocotb.parametrize((("gap", "stall"), STALL_PROFILES))
 async def test_random_jobs(dut, gap, stall):
     """Token counts below, at and above the C columns (several column tiles), one and several
-    timesteps, short and long D_in, every K from 1 to min(E, 3), back to back."""
+    timesteps, short and long D_in, every K from 1 to min(E, 3), back to back; last a job of
+    T·D_in = 256 beats, so that the gaps also hold the beat counter past 127 (a mutant that
+    lost the counter's bit 7 while ``w`` waited passed the suite without it)."""
     bench = _setup(dut, f"jobs{gap}{stall}", gap=gap, stall=stall)
     await start_after_reset(dut, bench)
     cfg = bench.cfg
     C, E = cfg.cols, cfg.experts
     shapes = [(3, 1, 1), (C + 1, min(cfg.max_tokens, C), 2), (2, min(cfg.max_tokens, 2 * C + 1), 3),
-              (1, 1, 1), (5, min(cfg.max_tokens, C + 2), 1)]
+              (1, 1, 1), (5, min(cfg.max_tokens, C + 2), 1), (128, min(cfg.max_tokens, 2), 2)]
     for index, (d_in, tokens, steps) in enumerate(shapes):
         bench.job(*bench.random_job(d_in, tokens, steps), k=1 + index % min(E, 3))
     await bench.drain()
