@@ -192,8 +192,8 @@ def unchanged(v_path, top, line, out_dir, index):
 
 def _on_clock(line):
     # Yosys's SAT model of a flip-flop steps it at every time step whatever drives its clock
-    # port, so neither proof below can see a clock tied off: such a mutant is "undecided"
-    # without one (the suite alone judges it).
+    # port, as an AIGER latch steps in every frame, so no proof below can see a clock tied
+    # off: such a mutant is "undecided" without one (the suite alone judges it).
     return " -port CLK " in f" {_applied(line)} "
 
 

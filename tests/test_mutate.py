@@ -1,6 +1,6 @@
 """`moegen mutate`: Yosys mutants of a block's netlist run against its cocotb suite on both
-simulators; survivors go to a SAT equivalence check, which must never call a killed mutant
-equivalent."""
+simulators; survivors go to the equivalence proofs (Yosys's SAT, ABC), which must never call
+a killed mutant equivalent."""
 
 import json
 
