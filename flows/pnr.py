@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from flows.dsp_pack import pack_output_registers
 from flows.synth import SynthError, prepare, summarize, synthesize_files
 from flows.verilog import write_if_changed
 
@@ -58,6 +59,9 @@ def read_report(report):
             "logic_levels": len(cells),
             "delay_ns": round(sum(step["delay"] for step in path), 3),
             "logic_ns": round(sum(step["delay"] for step in logic), 3),
+            # The endpoint's setup: a flip-flop's, or a packed DSP's, its multiply included.
+            "setup_ns": round(sum(step["delay"] for step in path if step["type"] == "setup"),
+                              3),
         },
         "luts": used.get("TRELLIS_COMB", used.get("ICESTORM_LC", 0)),
         "flip_flops": used.get("TRELLIS_FF", 0),
@@ -143,6 +147,13 @@ def pnr_block(block, config, target="ecp5", seed=1, out_dir=None):
     notes = {}
     cells = synthesize_files(sources, top, target, out_dir, block.name,
                              flatten=True, netlist=netlist.name, notes=notes)
+    if target == "ecp5":
+        design = json.loads(netlist.read_text())
+        packed = pack_output_registers(design)
+        if packed:
+            netlist = out_dir / f"{block.name}.{target}.packed.json"
+            netlist.write_text(json.dumps(design))
+        notes["dsp_output_register_bits"] = packed
     figures = place_and_route(netlist, target, out_dir, block.name, seed)
     if target == "ice40":       # an ICESTORM_LC is a LUT and a flip-flop: count Yosys's
         figures["flip_flops"] = summarize(cells)["flip_flops"]

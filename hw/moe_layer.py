@@ -299,7 +299,8 @@ class MoEGate(ConfiguredComponent):
             (lanes_x[l] *
              read.data[l * row_bits + e * cfg.w_width:
                        l * row_bits + (e + 1) * cfg.w_width].as_signed())[:product_width]
-            .as_signed(), f"product_{e}_{l}") for l in range(L)] for e in range(E)]
+            .as_signed(), f"product_{e}_{l}", reset_less=True) for l in range(L)]
+            for e in range(E)]
         products_valid = pipe.reg(beat_valid, "products_valid")
         products_final = pipe.reg(beat_final, "products_final")
         products_token = pipe.reg(beat_token, "products_token")

@@ -46,7 +46,7 @@ from amaranth.utils import bits_for
 
 from golden import ndp as golden
 from hw.params import ConfiguredComponent, int_param, like_param, param_error, validate
-from hw.pipeline import requant_round, requant_shift
+from hw.pipeline import requant_clamp, requant_round, requant_shift
 from hw.registry import Block, register
 
 __all__ = ["NdpConfig", "NdpCore", "command_layout", "token_bits", "SHIFT_BITS", "COUNT_BITS",
@@ -209,8 +209,12 @@ class NdpCore(ConfiguredComponent):
             width=cfg.acc_width + 1, depth=cfg.out_depth + 1)
         reserved = Signal(range(cfg.out_depth + 1))
 
-        row_end = Signal()
-        m.d.comb += row_end.eq(left <= M)
+        # `left <= M` as a register beside `left` (clock rate: the compare led into the weight
+        # port's ready and from it into the enable of every w_reg bit); `set_left` sets both.
+        row_end = Signal(init=1)
+
+        def set_left(value):
+            return [left.eq(value), row_end.eq(value <= M)]
         last_row = Signal()
         m.d.comb += last_row.eq(row == row_count - 1)
         lanes_now = Signal(lane_bits)
@@ -244,7 +248,9 @@ class NdpCore(ConfiguredComponent):
 
         # Stage 3: products (a masked lane's weight is 0, so its product is).
         product_width = cfg.w_width + xw
-        products = [Signal(signed(product_width), name=f"product{l}") for l in range(M)]
+        # No reset: meta2's valid flag, reset, says which products count (flows/dsp_pack.py).
+        products = [Signal(signed(product_width), name=f"product{l}", reset_less=True)
+                    for l in range(M)]
         for lane, product in enumerate(products):
             x_lane = operand[lane * xw:(lane + 1) * xw].as_signed()
             m.d.sync += product.eq(w_operand[lane] * x_lane)
@@ -269,12 +275,19 @@ class NdpCore(ConfiguredComponent):
             metas.append(meta)
         tree_sum = level[0]
 
-        # One accumulator per token and the row result.
+        # One accumulator per token and the row result. The token's accumulator is picked a
+        # cycle ahead into `held` (clock rate: the T-way pick and the add in different
+        # cycles), from the accumulators as this edge leaves them: the total being written
+        # when the next beat is of the same token.
         accs = Array(Signal(signed(cfg.acc_width), name=f"acc{t}") for t in range(T))
         row_value = Signal(signed(cfg.acc_width))
         row_meta = Signal(meta_layout)
         total = Signal(signed(cfg.acc_width))
-        m.d.comb += total.eq(Mux(meta.first, tree_sum, accs[meta.token] + tree_sum))
+        held = Signal(signed(cfg.acc_width))
+        upcoming = metas[-2]                 # the beat `meta` takes at the next edge
+        m.d.comb += total.eq(Mux(meta.first, tree_sum, held + tree_sum))
+        m.d.sync += held.eq(Mux(meta.valid & (meta.token == upcoming.token), total,
+                                accs[upcoming.token]))
         with m.If(meta.valid):
             m.d.sync += accs[meta.token].eq(total)
         m.d.sync += [row_value.eq(total), row_meta.eq(meta),
@@ -294,14 +307,18 @@ class NdpCore(ConfiguredComponent):
         # a run-time shift, a multiply and another run-time shift do not fit in one cycle):
         # the shifted row values, the table look-up, the multiplier's operands, the product p,
         # the shifted p, the h code.
-        g_shifted = Signal(signed(cfg.acc_width + 1))
-        u_shifted = Signal(signed(cfg.acc_width + 1))
+        # The shifted values are registered already clamped to xw + 2 bits (requant_clamp:
+        # the look-up's address is then only the rounding's increment away).
+        g_shifted = Signal(signed(xw + 2))
+        u_shifted = Signal(signed(xw + 2))
         code_valid = Signal()
         code_kind = Signal(2)
         code_token = Signal(range(T))
         code_last_token = Signal()
-        m.d.sync += [g_shifted.eq(requant_shift(m, row_value, shift_g, "g_requant")),
-                     u_shifted.eq(requant_shift(m, row_value, shift_u, "u_requant")),
+        m.d.sync += [g_shifted.eq(requant_clamp(
+                         m, requant_shift(m, row_value, shift_g, "g_requant"), xw, "g_requant")),
+                     u_shifted.eq(requant_clamp(
+                         m, requant_shift(m, row_value, shift_u, "u_requant"), xw, "u_requant")),
                      code_valid.eq(row_meta.valid & (row_meta.kind != KIND_Y)),
                      code_kind.eq(row_meta.kind), code_token.eq(row_meta.token),
                      code_last_token.eq(row_meta.last_token)]
@@ -330,7 +347,7 @@ class NdpCore(ConfiguredComponent):
         u_row = look_valid & (look_kind == KIND_U)
         m.d.sync += [a_operand.eq(gates[look_token]), u_operand.eq(look_u),
                      operand_valid.eq(u_row), operand_last_token.eq(look_last_token)]
-        p_reg = Signal(signed(2 * xw))
+        p_reg = Signal(signed(2 * xw), reset_less=True)     # p_valid says when it counts
         p_valid = Signal()
         p_last_token = Signal()
         m.d.sync += [p_reg.eq(a_operand * u_operand), p_valid.eq(operand_valid),
@@ -383,7 +400,7 @@ class NdpCore(ConfiguredComponent):
         m.d.comb += ffn.eq(op == golden.OP_FFN_SLICE)
 
         def start_phase(n_rows, length, from_h):
-            return [row.eq(0), row_count.eq(n_rows), row_length.eq(length), left.eq(length),
+            return [row.eq(0), row_count.eq(n_rows), row_length.eq(length), *set_left(length),
                     chunk.eq(0), use_h.eq(from_h), token.eq(0), x_base.eq(0), h_base.eq(0)]
 
         # busy: a command is running or a result is still on its way out.
@@ -455,14 +472,14 @@ class NdpCore(ConfiguredComponent):
                 with m.If(issue & last_token):
                     m.d.sync += [token.eq(0), x_base.eq(0), h_base.eq(0)]
                     with m.If(row_end):
-                        m.d.sync += [row.eq(row + 1), chunk.eq(0), left.eq(row_length)]
+                        m.d.sync += [row.eq(row + 1), chunk.eq(0), *set_left(row_length)]
                         with m.If(last_row):
                             with m.If(gate_phase):
                                 m.next = "DRAIN"
                             with m.Else():
                                 m.next = "IDLE"
                     with m.Else():
-                        m.d.sync += [chunk.eq(chunk + 1), left.eq(left - M)]
+                        m.d.sync += [chunk.eq(chunk + 1), *set_left(left - M)]
             with m.State("DRAIN"):
                 # The first Wd beat reads h: wait until the last h value is written.
                 with m.If(~before_gate):

@@ -87,6 +87,22 @@ def requant_shift(m, value, shift, name):
     return shifted
 
 
+def requant_clamp(m, shifted, width, name):
+    """:func:`requant_round`'s clamp alone: ``shifted`` narrowed to ``width + 2`` bits by a
+    top-bit check (a pipeline may register it, which leaves :func:`requant_round` only the
+    increment and the saturation). A value past that range rounds to one past ``width`` bits
+    either way, so it still saturates the same way."""
+    narrow = width + 2
+    if len(shifted) <= narrow:
+        return shifted
+    top = shifted[narrow - 1:]
+    low, high = signed_limits(narrow)
+    clamped = Signal(signed(narrow), name=f"{name}_clamped")
+    m.d.comb += clamped.eq(Mux(~top.any() | top.all(), shifted[:narrow],
+                               Mux(shifted[-1], low, high)))
+    return clamped
+
+
 def requant_round(m, shifted, width, name):
     """:func:`requant`'s second half: (shifted + 1) / 2 rounded down, saturated to signed
     ``width`` bits (the signal ``name``).
@@ -94,14 +110,7 @@ def requant_round(m, shifted, width, name):
     ``shifted`` is first clamped to ``width + 2`` bits (a top-bit check, no carry): a value
     past that range rounds to one past ``width`` bits either way, so it still saturates the
     same way, and the increment is ``width + 2`` bits long instead of the shifted value's."""
-    narrow = width + 2
-    if len(shifted) > narrow:
-        top = shifted[narrow - 1:]
-        low, high = signed_limits(narrow)
-        clamped = Signal(signed(narrow), name=f"{name}_clamped")
-        m.d.comb += clamped.eq(Mux(~top.any() | top.all(), shifted[:narrow],
-                                   Mux(shifted[-1], low, high)))
-        shifted = clamped
+    shifted = requant_clamp(m, shifted, width, name)
     rounded = Signal(signed(len(shifted)), name=f"{name}_rounded")
     m.d.comb += rounded.eq((shifted + 1) >> 1)
     out = Signal(signed(width), name=name)
@@ -169,9 +178,11 @@ class StallPipe:
         """Add updates that happen only when the pipeline advances."""
         self._updates.extend(statements)
 
-    def reg(self, value, name):
-        """A register fed by ``value``; returns the register."""
-        register = Signal(value.shape(), name=name)
+    def reg(self, value, name, reset_less=False):
+        """A register fed by ``value``; returns the register. ``reset_less``: kept through a
+        reset (for a product whose valid flag, reset, travels beside it: a DSP's own output
+        register has no reset worth wiring, flows/dsp_pack.py)."""
+        register = Signal(value.shape(), name=name, reset_less=reset_less)
         self._updates.append(register.eq(value))
         return register
 

@@ -259,7 +259,7 @@ def os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, last
                 acc[i][j] = Signal(signed(acc_width), name=f"{prefix}acc_{i}_{j}")
                 term = product(a_in, b_in)
                 if staged:
-                    term = pipe.reg(term, f"{prefix}prod_{i}_{j}")
+                    term = pipe.reg(term, f"{prefix}prod_{i}_{j}", reset_less=True)
                     pe_valid, pe_first, pe_last = flags_next[0], flags_next[1], flags_next[2]
                 # Truncation on assignment is the documented wrap-around.
                 update = Mux(pe_first, 0, acc[i][j]) + term
@@ -500,27 +500,38 @@ class WeightStationaryArray(_ArrayComponent):
         out_flags = None
         for i in range(R):
             a_in = pipe.delay(self.a.payload.data[i], i, f"askew{i}")
-            flags_in = pipe.delay(flags, i, f"fskew{i}")
+            # The flags' skew chain, kept: `upcoming` is what `flags_in` takes at the next
+            # advancing edge (None where `flags_in` is the port's, row 0).
+            chain = [flags]
+            for stage in range(i):
+                chain.append(pipe.reg(chain[-1], f"fskew{i}_d{stage}"))
+            flags_in, upcoming = chain[-1], (chain[-2] if i else None)
             for j in range(C):
                 tag_valid = w_tags[j][0]
                 tag_row = w_tags[j][1:1 + row_bits]
                 tag_bank = w_tags[j][1 + row_bits]
                 weight = [Signal(signed(cfg.in_width), name=f"w{bank}_{i}_{j}") for bank in (0, 1)]
-                with m.If(pipe.enable & tag_valid & (tag_row == i)):
-                    with m.If(tag_bank):
-                        m.d.sync += weight[1].eq(w_lane[j])
-                    with m.Else():
-                        m.d.sync += weight[0].eq(w_lane[j])
+                loads = [tag_valid & (tag_row == i) & (tag_bank == bank) for bank in (0, 1)]
+                for bank in (0, 1):
+                    with m.If(pipe.enable & loads[bank]):
+                        m.d.sync += weight[bank].eq(w_lane[j])
+                if upcoming is None:
+                    operand = Mux(flags_in[2], weight[1], weight[0])
+                else:
+                    # The weight in use, picked a cycle ahead into a register (clock rate: the
+                    # bank flag's select was in the multiplier's cycle, 134 MHz): the bank
+                    # the next flags name, as the loads of this edge leave it.
+                    after = [Mux(loads[bank], w_lane[j], weight[bank]) for bank in (0, 1)]
+                    operand = pipe.reg(Mux(upcoming[2], after[1], after[0]), f"w_{i}_{j}")
                 # The product is registered (the multiplier and the partial-sum adder in
                 # different cycles); the partial sum from above is then one edge later too.
-                product = pipe.reg(a_in * Mux(flags_in[2], weight[1], weight[0]),
-                                   f"prod_{i}_{j}")
+                product = pipe.reg(a_in * operand, f"prod_{i}_{j}", reset_less=True)
                 psum_in = psum_down[j] if i else 0
                 psum_down[j] = pipe.reg((psum_in + product)[:cfg.acc_width].as_signed(),
                                         f"psum_{i}_{j}")
                 if j + 1 < C:
                     a_in = pipe.reg(a_in, f"a_{i}_{j}")
-                    flags_in = pipe.reg(flags_in, f"f_{i}_{j}")
+                    flags_in, upcoming = pipe.reg(flags_in, f"f_{i}_{j}"), flags_in
                 elif i == R - 1:
                     # Registered with product and psum (R-1, C-1): the flags of the row
                     # leaving the grid.
