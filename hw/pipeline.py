@@ -107,9 +107,8 @@ def requant_round(m, shifted, width, name):
     """:func:`requant`'s second half: (shifted + 1) / 2 rounded down, saturated to signed
     ``width`` bits (the signal ``name``).
 
-    ``shifted`` is first clamped to ``width + 2`` bits (a top-bit check, no carry): a value
-    past that range rounds to one past ``width`` bits either way, so it still saturates the
-    same way, and the increment is ``width + 2`` bits long instead of the shifted value's."""
+    ``shifted`` is first clamped by :func:`requant_clamp` (a no-op on a value already that
+    narrow), so the increment is ``width + 2`` bits long instead of the shifted value's."""
     shifted = requant_clamp(m, shifted, width, name)
     rounded = Signal(signed(len(shifted)), name=f"{name}_rounded")
     m.d.comb += rounded.eq((shifted + 1) >> 1)
