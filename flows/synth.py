@@ -66,16 +66,17 @@ def summarize(cell_counts):
             "dsps": count(_DSP), "block_rams": count(_BRAM), "lut_rams": count(_LUTRAM)}
 
 
-# Yosys 0.70's ABC9 flow (synth_ecp5's only LUT mapper: it has no -noabc9 any more) fails this
-# assertion in its ABC_OPS_REINTEGRATE pass on some designs (nop_tree fanouts=4,4
-# link_check=crc8, ndp_system). Both have false combinational loops: abc9 reads TRELLIS_FF's
-# simulation model, whose specify block has an LSR -> Q arc (there for the asynchronous mode),
-# also for a synchronous reset, so a register whose reset term reads its own Q (a switch's
-# `in_packet`) looks like a loop and gets an $__ABC9_SCC_BREAKER. Many designs with such
-# breakers map (pmu, expert_chiplet); these two do not, and no small design was found that
-# fails the same way (docs/toolchain.md). Such a design is mapped again with the classic ABC
-# LUT mapper in ABC9's place (the recipe synth_ecp5 -noabc9 ran before Yosys dropped it), and
-# the report says so.
+# Yosys 0.70's ABC9 flow (synth_ecp5's only LUT mapper: it has no -noabc9 any more) fails an
+# assertion in its ABC_OPS_REINTEGRATE pass when a wire is named like a bit of another wire:
+# Amaranth names the element views of an array-shaped signal `w_reg` as wires `w_reg[44]`
+# (each a slice of `w_reg`), and the reintegration, which finds ABC's outputs by name, takes
+# that wire for bit 44 of `w_reg`. ABC_NAME_CLASH (tests/test_flows.py) is the case reduced
+# from ndp_core's pin harness: three flip-flops and one such name. Those wires are names only
+# (nothing reads them after flattening), so the ECP5 script first makes every wire whose name
+# ends in "]" private (`rename -hide`): no logic changes, and ABC9 maps every block. Should a
+# design still trip the assertion, it is mapped again with the classic ABC LUT mapper in ABC9's
+# place (the recipe synth_ecp5 -noabc9 ran before Yosys dropped it), and the report says so.
+HIDE_BIT_NAMES = "rename -hide w:*]"
 ABC9_ASSERTION = "Assert `GetSize(conn.first) == GetSize(conn.second)' failed"
 CLASSIC_MAPPER = "abc (abc9 hit a Yosys assertion)"
 CLASSIC_ECP5 = ("synth_ecp5 -top {top}{noram} -run :map_luts; "
@@ -99,6 +100,7 @@ def synthesize_files(paths, top, target, out_dir, stem, flatten=True, abc=True, 
     stat_path = out_dir / f"{stem}.{target}.stat.json"
     noram = "" if ram else NO_RAM[target]
     script = ("".join(f"read_verilog {Path(p).name}; " for p in paths)
+              + (f"{HIDE_BIT_NAMES}; " if target == "ecp5" else "")
               + TARGETS[target].format(top=top, flatten=" -flatten" if flatten else "",
                                        noabc="" if abc else " -noabc", noram=noram)
               + f"; tee -q -o {stat_path.name} stat -json"
