@@ -352,6 +352,32 @@ async def test_sums_at_the_rounding_edge(dut):
 
 
 @cocotb.test()
+async def test_tokens_arrive_while_the_other_bank_accumulates(dut):
+    """Every port ready: a full batch, then five more whose tokens come one at a time, each
+    a few cycles after the previous one's last flit (closer than batch_wait, so batches still
+    fill), so one token bank collects while the other's sums are live (written by results,
+    not yet returned). With the tokens
+    sent back to back the collecting bank is full long before the first result is written,
+    and a flit taken could change a live sum unseen (a bit of token slot 3's element-7 sum
+    flipped at every flit taken while collecting, where its bit 11 was set, passed every
+    other test: expert_chiplet's mutant 15 of 2026-11-28)."""
+    bench = await _setup(dut, "collect-while-live")
+    cfg = bench.cfg
+    flits = cfg.header_flits + cfg.x_flits
+    sent = bench.sources["down"].sent_edges
+    spacing = max(1, cfg.batch_wait // 2)
+    for _ in range(cfg.batch):
+        bench.send_token(bench.random_x(), bench.random_choices(held=cfg.k))
+    for token in range(cfg.batch, 6 * cfg.batch):
+        await wait_for(dut, lambda: len(sent) == token * flits, _budget(bench, 1),
+                       "the previous token taken")
+        await ClockCycles(dut.clk, spacing)
+        bench.send_token(bench.random_x(), bench.random_choices(held=cfg.k))
+    await bench.finish(_budget(bench, 6 * cfg.batch))
+    assert not dut.error.value
+
+
+@cocotb.test()
 async def test_hot_expert_and_every_slot(dut):
     """One expert takes every token, then (once those are back, so a new batch starts in the
     next bank) every token uses every held expert, but a batch's token j < S skips slot j:

@@ -342,7 +342,7 @@ CHIPLET_CONFIGS = [
      "promote_every": 0, "d_model": 6, "d_ff": 4, "rows": 2, "cols": 3, "batch": 4,
      "shift_g": 2, "shift_u": 2, "shift_h": 1},
 ]
-CHIPLET_COCOTB_TESTS = 17
+CHIPLET_COCOTB_TESTS = 18
 
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
