@@ -356,11 +356,11 @@ async def test_tokens_arrive_while_the_other_bank_accumulates(dut):
     """Every port ready: a full batch, then five more whose tokens come one at a time, each
     a few cycles after the previous one's last flit (closer than batch_wait, so batches still
     fill), so one token bank collects while the other's sums are live (written by results,
-    not yet returned). With the tokens
-    sent back to back the collecting bank is full long before the first result is written,
-    and a flit taken could change a live sum unseen (a bit of token slot 3's element-7 sum
-    flipped at every flit taken while collecting, where its bit 11 was set, passed every
-    other test: expert_chiplet's mutant 15 of 2026-11-28)."""
+    not yet returned). With the tokens sent back to back the collecting bank is full long
+    before the first result is written, and a flit taken could change a live sum unseen (a
+    bit of token slot 3's element-7 sum flipped at every flit taken while collecting, where
+    its bit 11 was set, passed every other test: expert_chiplet's mutant 15 of 2026-11-28).
+    Random inputs: with extreme ones the returns saturate and hide such a flip."""
     bench = await _setup(dut, "collect-while-live")
     cfg = bench.cfg
     flits = cfg.header_flits + cfg.x_flits

@@ -165,7 +165,7 @@ def test_a_wire_named_like_a_bit_does_not_stop_abc9(tmp_path):
 
 
 def test_a_design_abc9_cannot_map_is_mapped_again_with_classic_abc(tmp_path, monkeypatch):
-    """Should a design still trip Yosys 0.70's ABC9 assertion (none does since the flow hides
+    """Should a design still trip Yosys 0.70's ABC9 assertion (none known since the flow hides
     the names above), the ECP5 synthesis maps it again with the classic ABC and says so. A
     Yosys that fails that way unless the classic mapper runs stands in for such a design."""
     import flows.synth as synth
