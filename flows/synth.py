@@ -74,9 +74,10 @@ def summarize(cell_counts):
 # from ndp_core's pin harness: three flip-flops and one such name. Those wires are names only
 # (nothing reads them after flattening), so the ECP5 script first makes every wire whose name
 # ends in "]" private (`rename -hide`): no logic changes, and ABC9 maps the designs that tripped
-# it (ndp_core's pin harness, fp_dot). Should a design still trip the assertion, it is mapped
-# again with the classic ABC LUT mapper in ABC9's place (the recipe synth_ecp5 -noabc9 ran
-# before Yosys dropped it), and the report says so.
+# it (ndp_core's pin harness, fp_dot). The names do order the cells, so placement and Fmax moved
+# as with a new seed (pmu 98.1 -> 93.4 MHz; docs/toolchain.md, Fmax by block). Should a design
+# still trip the assertion, it is mapped again with the classic ABC LUT mapper in ABC9's place
+# (the recipe synth_ecp5 -noabc9 ran before Yosys dropped it), and the report says so.
 HIDE_BIT_NAMES = "rename -hide w:*]"
 ABC9_ASSERTION = "Assert `GetSize(conn.first) == GetSize(conn.second)' failed"
 CLASSIC_MAPPER = "abc (abc9 hit a Yosys assertion)"
