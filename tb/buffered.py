@@ -174,6 +174,12 @@ class BufferedHarness(wiring.Component):
                 members[f"{name}__mismatch_got"] = Out(width)
                 members[f"{name}__mismatch_index"] = Out(COUNTER_WIDTH)
         super().__init__(members)
+        if hasattr(dut, "shared_submodule"):
+            # The layer's chiplets stay one Verilog module here too (flows.verilog.convert):
+            # converted one by one, a 64-leaf layer's harness took minutes to write and its
+            # model one inlined copy per leaf.
+            self.shared_submodule, self.instance_shared = (dut.shared_submodule,
+                                                           dut.instance_shared)
 
     def _port(self, name):
         return getattr(self.status, name) if name in self._status_fields else \

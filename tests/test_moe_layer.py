@@ -11,12 +11,13 @@ import pytest
 
 from conftest import config_id, run_block, two_d_params
 from flows.demo import FP8_LAYER
-from flows.verilog import generate
+from flows.verilog import NOT_INLINED, convert, generate
 from golden import moe_layer as golden
 from golden import ndp, router
 from golden.fixed import signed_limits, wrap
 from hw.params import ParamError
 from hw.registry import get_block
+from tb.buffered import BufferedHarness
 
 
 def _model(experts=8, d_model=6, d_ff=5, k=2, placement=None, groups=1, topk_groups=1, seed=1,
@@ -317,6 +318,12 @@ def test_layer_has_a_weight_port_per_switch_group():
     assert info["modules"].count(chiplet) == 1
     text = Path("build/test-moe-layer-ports/moe_layer.v").read_text()
     assert re.findall(rf"^  {chiplet} (chiplet\d+) \(", text, re.M) == \
+        [f"chiplet{leaf}" for leaf in range(6)]
+    # Verilator keeps it a module of its own (not inlined six times), and the buffered
+    # harness (tb.buffered) holds the layer with its chiplets shared the same way.
+    assert re.search(rf"^module {chiplet}\(.*\n  {re.escape(NOT_INLINED)}$", text, re.M)
+    harness = convert(BufferedHarness(block.build(config)), "moe_layer_buffered")
+    assert re.findall(r"^  moe_layer_buffered__chiplet (chiplet\d+) \(", harness, re.M) == \
         [f"chiplet{leaf}" for leaf in range(6)]
 
 
