@@ -360,7 +360,9 @@ async def test_y_held_until_the_layer_is_full(dut):
     """y not ready at all while more tokens arrive than the layer can hold (max_inflight, two
     batches per chiplet and a batch more, as token ids allow): every switch's in-flight slots and
     the chiplets' queues fill and the layer stops taking x, a y beat offered meanwhile held
-    unchanged (the monitor); released, every token's y is bit-exact, none lost or doubled."""
+    unchanged (the monitor); the root keeps exactly max_inflight tokens in flight, so the
+    chiplets take the packets of the first max_inflight tokens and no more; released, every
+    token's y is bit-exact, none lost or doubled."""
     held = HeldPauses()
     bench = await _setup(dut, "held", 0.0, held)
     cfg = bench.cfg
@@ -375,7 +377,22 @@ async def test_y_held_until_the_layer_is_full(dut):
         assert waited < _budget(bench, sent), "x neither stopped nor finished"
     assert taken < sent * cfg.x_flits or sent == 1 << cfg.token_width, \
         f"x never stopped: {sent} tokens taken with y held"
-    dut._log.info(f"held: {taken // cfg.x_flits} of {sent} tokens taken")
+    # Every dispatched packet reaches its chiplet (a return's space is reserved at dispatch, so
+    # the chiplets keep computing with y held): wait for the counts to settle too.
+    settled, quiet = None, 0
+    while quiet < 4 * cfg.batch_wait + 400:
+        await ClockCycles(dut.clk, 50)
+        quiet = quiet + 50 if bench.leaf_tokens == settled else 0
+        settled, waited = list(bench.leaf_tokens), waited + 50
+        assert waited < 2 * _budget(bench, sent), "the chiplets' packet counts never settled"
+    # The root allocates one of its max_inflight slots per token (docs/blocks/nop.md): with y
+    # held it dispatches the first max_inflight tokens, in order, and no more.
+    in_flight = min(cfg.max_inflight, sent)
+    masks = bench.routes[-1]["masks"][:in_flight]
+    assert settled == [sum((mask >> leaf) & 1 for mask in masks) for leaf in range(cfg.leaves)], \
+        (f"with y held the chiplets took {settled} packets, not those of the first "
+         f"{in_flight} tokens (max_inflight)")
+    dut._log.info(f"held: {taken // cfg.x_flits} of {sent} tokens taken, {in_flight} in flight")
     held.release()
     await bench.finish(_budget(bench, sent))
 
