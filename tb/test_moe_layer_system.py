@@ -355,6 +355,19 @@ async def test_random_stalls(dut, gap, stall):
     await bench.run(tokens, _budget(bench, len(tokens), gap, stall))
 
 
+async def _until_unchanged(dut, read, quiet, max_cycles, what):
+    """Wait in steps of 50 cycles until ``read()`` has not changed for ``quiet`` cycles; return
+    its value and the cycles waited. Fails with ``what`` once ``max_cycles`` have passed."""
+    value, still, waited = None, 0, 0
+    while still < quiet:
+        await ClockCycles(dut.clk, 50)
+        now = read()
+        still = still + 50 if now == value else 0
+        value, waited = now, waited + 50
+        assert waited < max_cycles, what
+    return value, waited
+
+
 @cocotb.test()
 async def test_y_held_until_the_layer_is_full(dut):
     """y not ready at all while more tokens arrive than the layer can hold (max_inflight, two
@@ -369,22 +382,17 @@ async def test_y_held_until_the_layer_is_full(dut):
     sent = min(cfg.max_inflight + 2 * cfg.batch * cfg.leaves + cfg.batch, 1 << cfg.token_width)
     bench.send_tokens([bench.random_x() for _ in range(sent)])
     x_beats = bench.sources["x"].sent_edges
-    taken, quiet, waited = -1, 0, 0
-    while quiet < 4 * cfg.batch_wait + 400:             # x has stopped (or every token is in)
-        await ClockCycles(dut.clk, 50)
-        quiet = quiet + 50 if len(x_beats) == taken else 0
-        taken, waited = len(x_beats), waited + 50
-        assert waited < _budget(bench, sent), "x neither stopped nor finished"
+    quiet = 4 * cfg.batch_wait + 400
+    # x has stopped (or every token is in).
+    taken, waited = await _until_unchanged(dut, lambda: len(x_beats), quiet,
+                                           _budget(bench, sent), "x neither stopped nor finished")
     assert taken < sent * cfg.x_flits or sent == 1 << cfg.token_width, \
         f"x never stopped: {sent} tokens taken with y held"
     # Every dispatched packet reaches its chiplet (a return's space is reserved at dispatch, so
     # the chiplets keep computing with y held): wait for the counts to settle too.
-    settled, quiet = None, 0
-    while quiet < 4 * cfg.batch_wait + 400:
-        await ClockCycles(dut.clk, 50)
-        quiet = quiet + 50 if bench.leaf_tokens == settled else 0
-        settled, waited = list(bench.leaf_tokens), waited + 50
-        assert waited < 2 * _budget(bench, sent), "the chiplets' packet counts never settled"
+    settled, _ = await _until_unchanged(dut, lambda: list(bench.leaf_tokens), quiet,
+                                        2 * _budget(bench, sent) - waited,
+                                        "the chiplets' packet counts never settled")
     # The root allocates one of its max_inflight slots per token (docs/blocks/nop.md): with y
     # held it dispatches the first max_inflight tokens, in order, and no more.
     in_flight = min(cfg.max_inflight, sent)
