@@ -216,6 +216,13 @@ def e8m0_decode(code):
 
 ACC_EMIN, ACC_EMAX = -126, 127          # the accumulator's 8-bit exponent range
 
+# The unit's cycle model (docs/blocks/fp.md, Timing): with every port ready it takes one beat
+# of g products a cycle, and the result of a dot product whose last beat is taken at edge t is
+# taken at edge t + DOT_LATENCY: six pipeline registers (products; aligned to the beat's
+# exponent; the beat's sums for every shift; the partial sum; times the scales; the FP32
+# accumulator and the output register).
+DOT_LATENCY = 6
+
 
 @dataclasses.dataclass(frozen=True)
 class DotConfig:

@@ -6,8 +6,9 @@ bits are truncated, and the sum is kept with an 8-bit exponent: FP22 for acc_fra
 128 elements the partial sum is promoted into FP32, where the fine-grained scales apply). The
 numerics are :func:`golden.fp.dot`, bit for bit.
 
-One beat of ``group`` g operand pairs per cycle, all in one cycle (the partial sum feeds the
-next beat's alignment):
+One beat of ``group`` g operand pairs per cycle. ``FpAccumulator.step`` does a beat in one
+cycle (the floating-point PEs, g = 1); ``fp_dot`` pipelines the same steps over six registers
+(``golden.fp.DOT_LATENCY``), two of them loops that take a beat a cycle:
 
 1. decode the 2g operands (sign, mantissa with its hidden bit, exponent of its last bit; NaN,
    infinity), multiply the mantissas exactly and add the exponents;
@@ -19,11 +20,19 @@ next beat's alignment):
    at exponent -126 the sum stays unnormalized; above 127 it saturates);
 5. at a promotion: the partial sum times the two FP32 scales (exact, at most 73 bits) plus the
    FP32 accumulator, added in an 80-bit field with a sticky bit and rounded once to FP32.
+
+The pipeline (stage: what its register holds): 1, the products; 2, each product aligned to
+the beat's own largest exponent B (at least -126); 3, for every further shift d = 0..W-1 the
+beat's sum with each term shifted right by d and truncated, from bit-column counts (a
+product aligned to E = max(B, partial sum's) is its B-aligned value shifted by E - B, since
+floor(floor(x) / 2**d) = floor(x / 2**d)); 4, the partial sum: the loop picks the sum for
+d = E - B, adds the aligned partial sum and renormalizes (steps 2 to 4); 5, the partial sum
+times its scales; 6, the FP32 loop (step 5) and the output register.
 """
 
 import dataclasses
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, stream
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -31,7 +40,7 @@ from amaranth.utils import ceil_log2
 from golden import fp as golden
 from hw.fparith import fp_fields
 from hw.params import ConfiguredComponent, choice_param, int_param, param_error, validate
-from hw.pipeline import leading_one, max_tree
+from hw.pipeline import StallPipe, leading_one, max_tree, sum_tree
 from hw.registry import Block, register
 
 __all__ = ["FpDotConfig", "FpDot", "input_layout", "result_layout"]
@@ -140,72 +149,147 @@ class FpAccumulator:
         self.total_code = Signal(32, name=f"{prefix}total")
 
     def step(self, a, b, scale_a, scale_b, part_first, dot_first, promote, last):
-        """The register updates of one beat: ``a``, ``b`` g codes each; ``part_first``: the
-        partial sum starts at zero; ``dot_first``: so do the FP32 accumulator and the sticky
-        flags; ``promote``: the partial sum times the scales goes into the FP32 accumulator;
-        ``last`` (implies ``promote``): the accumulator takes the dot product's result (the
-        canonical NaN or an infinity where the specials say so). Returns ``(updates,
-        result)``: the statements to apply under the beat's enable, and the result code."""
+        """The register updates of one beat in one cycle (the floating-point PEs; ``fp_dot``
+        pipelines the same pieces): ``a``, ``b`` g codes each; ``part_first``: the partial sum
+        starts at zero; ``dot_first``: so do the FP32 accumulator and the sticky flags;
+        ``promote``: the partial sum times the scales goes into the FP32 accumulator; ``last``
+        (implies ``promote``): the accumulator takes the dot product's result (the canonical
+        NaN or an infinity where the specials say so). Returns ``(updates, result)``: the
+        statements to apply under the beat's enable, and the result code."""
         m, p = self.m, self.prefix
-        g, F, fmt = self.group, self.acc_frac, self.format
-        emin, emax = golden.ACC_EMIN, golden.ACC_EMAX
-        E = ACC_EXPONENT_BITS + 2                        # room for exponent sums
+        E = ACC_EXPONENT_BITS + 2
+        emin = golden.ACC_EMIN
 
         # 1. Products.
-        products = []
-        beat_nan, beat_inf_pos, beat_inf_neg = [], [], []
-        for i in range(g):
-            a_nan, a_inf, a_sign, a_m, a_x = _operand(m, a[i], f"{p}a{i}", fmt)
-            b_nan, b_inf, b_sign, b_m, b_x = _operand(m, b[i], f"{p}b{i}", fmt)
-            sign = a_sign ^ b_sign
-            a_zero, b_zero = (a_m == 0) & ~a_inf, (b_m == 0) & ~b_inf
-            nan = a_nan | b_nan | (a_inf & b_zero) | (b_inf & a_zero)
-            inf = (a_inf | b_inf) & ~nan
-            beat_nan.append(nan)
-            beat_inf_pos.append(inf & ~sign)
-            beat_inf_neg.append(inf & sign)
-            magnitude = Signal(2 * len(a_m), name=f"{p}p{i}_m")
-            exponent = Signal(signed(E), name=f"{p}p{i}_x")
-            m.d.comb += [magnitude.eq(a_m * b_m), exponent.eq(a_x + b_x)]
-            lead = leading_one(m, magnitude, f"{p}p{i}_lead")
-            top = Signal(signed(E), name=f"{p}p{i}_top")
-            m.d.comb += top.eq(Mux(magnitude == 0, emin, exponent + lead))
-            products.append((sign, magnitude, exponent, top))
+        products, flags = self.products(a, b)
 
         # 2. The alignment exponent.
-        held_m = Mux(part_first, 0, self.acc_m)
-        held_e = Signal(signed(E), name=f"{p}held_e")
-        m.d.comb += held_e.eq(Mux(held_m == 0, emin, self.acc_e))
+        held_m, held_e, held_sign = self.held(part_first)
         largest = Signal(signed(E), name=f"{p}largest")
         m.d.comb += largest.eq(max_tree(m, [top for *_, top in products] + [held_e,
                                                                             Const(emin, signed(E))],
                                          f"{p}align"))
 
         # 3. Aligned, truncated toward zero, signed.
-        width = max(2 * (fmt.man_bits + 1) + F, F + 1) + 1
         terms = []
         for i, (sign, magnitude, exponent, _) in enumerate(products):
-            shift = Signal(signed(E + 1), name=f"{p}p{i}_shift")   # >= 0 for a nonzero product
-            m.d.comb += shift.eq(largest - exponent)
-            amount = Signal(range(width + 1), name=f"{p}p{i}_amount")
-            m.d.comb += amount.eq(Mux(shift > width, width, Mux(shift < 0, 0, shift)))
-            aligned = Signal(width, name=f"{p}p{i}_aligned")
-            m.d.comb += aligned.eq((Cat(Const(0, F), magnitude)) >> amount)
+            aligned = self.aligned_product(magnitude, exponent, largest, f"{p}p{i}")
             terms.append(Mux(sign, -aligned.as_signed(), aligned.as_signed()))
-        acc_shift = Signal(range(width + 1), name=f"{p}acc_shift")
-        gap = Signal(signed(E + 1), name=f"{p}acc_gap")
-        m.d.comb += [gap.eq(largest - held_e),
-                     acc_shift.eq(Mux(gap > width, width, gap))]
-        acc_aligned = Signal(width, name=f"{p}acc_aligned")
-        m.d.comb += acc_aligned.eq(held_m >> acc_shift)
-        held_sign = Mux(part_first, 0, self.acc_sign)
-        terms.append(Mux(held_sign, -acc_aligned.as_signed(), acc_aligned.as_signed()))
+        terms.append(self.held_term(held_m, held_e, held_sign, largest))
 
         # 4. Exact sum, renormalized to F + 1 bits.
-        sum_width = width + ceil_log2(g + 1) + 2
-        total = Signal(signed(sum_width), name=f"{p}sum")
+        total = Signal(signed(self.sum_width), name=f"{p}sum")
         m.d.comb += total.eq(sum(terms))
-        magnitude = Signal(sum_width, name=f"{p}sum_abs")
+        new_m, new_e = self._normalize(total, largest)
+
+        # 5. Promotion: the partial sum times the beat's two scales, added into the FP32
+        # accumulator, rounded once.
+        factor = self._scale_factor(scale_a, scale_b)
+        scaled = self._scaled(total < 0, new_m, new_e, factor)
+        updates, result = self.promotion(scaled, factor[0], flags, dot_first, promote, last)
+        updates += [self.acc_m.eq(new_m), self.acc_e.eq(new_e), self.acc_sign.eq(total < 0)]
+        return updates, result
+
+    def held(self, part_first):
+        """The partial sum a beat adds to: ``(mantissa, exponent, sign)``, zero at -126 where
+        the beat starts one."""
+        m, p = self.m, self.prefix
+        held_m = Mux(part_first, 0, self.acc_m)
+        held_e = Signal(signed(ACC_EXPONENT_BITS + 2), name=f"{p}held_e")
+        m.d.comb += held_e.eq(Mux(held_m == 0, golden.ACC_EMIN, self.acc_e))
+        return held_m, held_e, Mux(part_first, 0, self.acc_sign)
+
+    def aligned_product(self, magnitude, exponent, largest, name):
+        """Step 3 for one product: magnitude * 2**(exponent - largest + F), truncated toward
+        zero (``term_width`` bits; ``largest`` is at least the product's leading-bit exponent
+        when it is nonzero)."""
+        m, W = self.m, self.term_width
+        shift = Signal(signed(ACC_EXPONENT_BITS + 3), name=f"{name}_shift")
+        m.d.comb += shift.eq(largest - exponent)
+        amount = Signal(range(W + 1), name=f"{name}_amount")
+        m.d.comb += amount.eq(Mux(shift > W, W, Mux(shift < 0, 0, shift)))
+        aligned = Signal(W, name=f"{name}_aligned")
+        m.d.comb += aligned.eq(Cat(Const(0, self.acc_frac), magnitude) >> amount)
+        return aligned
+
+    def held_term(self, held_m, held_e, held_sign, largest):
+        """Step 3 for the partial sum: aligned to ``largest`` (>= held_e), truncated, signed."""
+        m, p, W = self.m, self.prefix, self.term_width
+        gap = Signal(signed(ACC_EXPONENT_BITS + 3), name=f"{p}acc_gap")
+        shift = Signal(range(W + 1), name=f"{p}acc_shift")
+        m.d.comb += [gap.eq(largest - held_e), shift.eq(Mux(gap > W, W, gap))]
+        aligned = Signal(W, name=f"{p}acc_aligned")
+        m.d.comb += aligned.eq(held_m >> shift)
+        return Mux(held_sign, -aligned.as_signed(), aligned.as_signed())
+
+    def promotion(self, scaled, scale_bad, flags, dot_first, promote, last):
+        """Step 5 and the specials: the FP32 accumulator plus ``scaled`` (a partial sum times
+        its scales, :meth:`_scaled`) rounded once, the sticky NaN and infinity flags with the
+        beat's ``flags`` (and ``scale_bad`` at a promotion). Returns ``(updates, result)``."""
+        m, p = self.m, self.prefix
+        held_total = Mux(dot_first, 0, self.total_code)
+        promoted = self._add_round(*scaled, held_total)
+        beat_nan, beat_inf_pos, beat_inf_neg = flags
+        sticky_nan = Mux(dot_first, 0, self.nan_seen) | beat_nan | (promote & scale_bad)
+        sticky_pos = Mux(dot_first, 0, self.inf_pos) | beat_inf_pos
+        sticky_neg = Mux(dot_first, 0, self.inf_neg) | beat_inf_neg
+        nan = sticky_nan | (sticky_pos & sticky_neg)
+        inf = (sticky_pos | sticky_neg) & ~nan
+        infinity = Cat(Const(0, 23), Const(0xFF, 8), sticky_neg)
+        result = Signal(32, name=f"{p}result")
+        m.d.comb += result.eq(Mux(nan, FP32.canonical_nan, Mux(inf, infinity, promoted)))
+        updates = [self.nan_seen.eq(sticky_nan), self.inf_pos.eq(sticky_pos),
+                   self.inf_neg.eq(sticky_neg),
+                   self.total_code.eq(Mux(last, result, Mux(promote, promoted, held_total)))]
+        return updates, result
+
+    # --- the pieces of a beat, shared by step() and fp_dot's pipeline -------------------------
+
+    def products(self, a, b):
+        """Step 1 for g operand pairs: per lane ``(sign, magnitude, exponent of its last bit,
+        exponent of its leading bit or -126 when zero)``, and the beat's ``(NaN, +infinity,
+        -infinity)`` flags."""
+        m, p, fmt = self.m, self.prefix, self.format
+        E = ACC_EXPONENT_BITS + 2
+        products, nans, inf_pos, inf_neg = [], [], [], []
+        for i in range(self.group):
+            a_nan, a_inf, a_sign, a_m, a_x = _operand(m, a[i], f"{p}a{i}", fmt)
+            b_nan, b_inf, b_sign, b_m, b_x = _operand(m, b[i], f"{p}b{i}", fmt)
+            sign = a_sign ^ b_sign
+            a_zero, b_zero = (a_m == 0) & ~a_inf, (b_m == 0) & ~b_inf
+            nan = a_nan | b_nan | (a_inf & b_zero) | (b_inf & a_zero)
+            inf = (a_inf | b_inf) & ~nan
+            nans.append(nan)
+            inf_pos.append(inf & ~sign)
+            inf_neg.append(inf & sign)
+            magnitude = Signal(2 * len(a_m), name=f"{p}p{i}_m")
+            exponent = Signal(signed(E), name=f"{p}p{i}_x")
+            m.d.comb += [magnitude.eq(a_m * b_m), exponent.eq(a_x + b_x)]
+            lead = leading_one(m, magnitude, f"{p}p{i}_lead")
+            top = Signal(signed(E), name=f"{p}p{i}_top")
+            m.d.comb += top.eq(Mux(magnitude == 0, golden.ACC_EMIN, exponent + lead))
+            products.append((sign, magnitude, exponent, top))
+        return products, (Cat(*nans).any(), Cat(*inf_pos).any(), Cat(*inf_neg).any())
+
+    @property
+    def term_width(self):
+        """Bits of a product aligned to the beat's exponent with F fraction bits (and a zero
+        top bit): 2(M + 1) + F, at least F + 1, plus one."""
+        return max(2 * (self.format.man_bits + 1) + self.acc_frac, self.acc_frac + 1) + 1
+
+    @property
+    def sum_width(self):
+        """Bits of the signed exact sum of g aligned products and the partial sum."""
+        return self.term_width + ceil_log2(self.group + 1) + 2
+
+    def _normalize(self, total, largest):
+        """Step 4's renormalization: the exact signed sum ``total`` (its last bit's weight
+        2**(largest - F)) as the magnitude's ``(mantissa of F + 1 bits, exponent)``: truncated
+        toward zero, unnormalized at exponent -126, saturated above 127, (0, -126) for zero."""
+        m, p, F = self.m, self.prefix, self.acc_frac
+        emin, emax = golden.ACC_EMIN, golden.ACC_EMAX
+        E = ACC_EXPONENT_BITS + 2
+        magnitude = Signal(len(total), name=f"{p}sum_abs")
         m.d.comb += magnitude.eq(Mux(total < 0, -total, total))
         lead = leading_one(m, magnitude, f"{p}sum_lead")
         excess = Signal(signed(E + 1), name=f"{p}excess")      # > 0: carry bits to drop
@@ -231,26 +315,28 @@ class FpAccumulator:
             m.d.comb += [new_m.eq((1 << (F + 1)) - 1), new_e.eq(emax)]
         with m.Else():
             m.d.comb += [new_m.eq(normal_m), new_e.eq(normal_e)]
+        return new_m, new_e
 
-        # 5. Promotion: the partial sum times the beat's two scales, added into the FP32
-        # accumulator, rounded once.
-        held_total = Mux(dot_first, 0, self.total_code)
-        promoted, scale_nan = self._promote(total < 0, new_m, new_e, scale_a, scale_b,
-                                            held_total)
-        any_nan = Cat(*beat_nan).any() | (promote & scale_nan)
-        sticky_nan = Mux(dot_first, 0, self.nan_seen) | any_nan
-        sticky_pos = Mux(dot_first, 0, self.inf_pos) | Cat(*beat_inf_pos).any()
-        sticky_neg = Mux(dot_first, 0, self.inf_neg) | Cat(*beat_inf_neg).any()
-        nan = sticky_nan | (sticky_pos & sticky_neg)
-        inf = (sticky_pos | sticky_neg) & ~nan
-        infinity = Cat(Const(0, 23), Const(0xFF, 8), sticky_neg)
-        result = Signal(32, name=f"{p}result")
-        m.d.comb += result.eq(Mux(nan, FP32.canonical_nan, Mux(inf, infinity, promoted)))
-        updates = [self.acc_m.eq(new_m), self.acc_e.eq(new_e), self.acc_sign.eq(total < 0),
-                   self.nan_seen.eq(sticky_nan), self.inf_pos.eq(sticky_pos),
-                   self.inf_neg.eq(sticky_neg),
-                   self.total_code.eq(Mux(last, result, Mux(promote, promoted, held_total)))]
-        return updates, result
+    def _scale_factor(self, scale_a, scale_b):
+        """The product of a beat's two scales: ``(NaN or infinite, sign, mantissa, exponent
+        of its last bit)``, exact (FP32: 48 bits; E8M0: the mantissa is 1)."""
+        m, p = self.m, self.prefix
+        a_nan, a_inf, a_sign, a_m, a_x = self._scale(scale_a, f"{p}scale_a")
+        b_nan, b_inf, b_sign, b_m, b_x = self._scale(scale_b, f"{p}scale_b")
+        mantissa = Signal(len(a_m) + len(b_m), name=f"{p}scales_m")
+        exponent = Signal(signed(11), name=f"{p}scales_x")
+        m.d.comb += [mantissa.eq(a_m * b_m), exponent.eq(a_x + b_x)]
+        return a_nan | a_inf | b_nan | b_inf, a_sign ^ b_sign, mantissa, exponent
+
+    def _scaled(self, sign, mantissa, exponent, factor):
+        """A partial sum (sign, F + 1-bit mantissa, exponent) times a scale factor
+        (:meth:`_scale_factor`): ``(sign, mantissa, exponent of its last bit)``, exact."""
+        m, p, F = self.m, self.prefix, self.acc_frac
+        _, f_sign, f_m, f_x = factor
+        product = Signal(F + 1 + len(f_m), name=f"{p}scaled_m")
+        product_x = Signal(signed(14), name=f"{p}scaled_x")
+        m.d.comb += [product.eq(mantissa * f_m), product_x.eq(exponent - F + f_x)]
+        return sign ^ f_sign, product, product_x
 
     def _aligned(self, mantissa, exponent, base, name):
         """``mantissa * 2**(exponent - base)`` in FIELD + 1 bits, truncated, and whether bits
@@ -282,15 +368,14 @@ class FpAccumulator:
         """The FP32 code of ``total`` + (-1)**sign * mantissa * 2**(exponent - F) * scale_a *
         scale_b, rounded to nearest even once (saturating, subnormals kept, zero positive);
         and whether a scale is NaN or infinite."""
+        factor = self._scale_factor(scale_a, scale_b)
+        return self._add_round(*self._scaled(sign, mantissa, exponent, factor), total), factor[0]
+
+    def _add_round(self, product_sign, product, product_x, total):
+        """The FP32 code of ``total`` + (-1)**product_sign * product * 2**product_x, rounded to
+        nearest even once (saturating, subnormals kept, zero positive)."""
         m, p = self.m, self.prefix
-        F = self.acc_frac
-        a_nan, a_inf, a_sign, a_m, a_x = self._scale(scale_a, f"{p}scale_a")
-        b_nan, b_inf, b_sign, b_m, b_x = self._scale(scale_b, f"{p}scale_b")
         _, _, t_sign, t_m, t_x = _operand(m, total, f"{p}total", FP32)
-        product = Signal(F + 1 + len(a_m) + len(b_m))
-        product_x = Signal(signed(14))
-        m.d.comb += [product.eq(mantissa * a_m * b_m), product_x.eq(exponent - F + a_x + b_x)]
-        product_sign = sign ^ a_sign ^ b_sign
         p_lead = leading_one(m, product, f"{p}product_lead")
         t_lead = leading_one(m, t_m, f"{p}total_lead")
         p_top, t_top = Signal(signed(14)), Signal(signed(14))
@@ -352,7 +437,7 @@ class FpAccumulator:
             m.d.comb += code.eq(Cat(Const(FP32.max_code, 31), result_sign))
         with m.Else():
             m.d.comb += code.eq(Cat(q[:23], biased[:8], result_sign))
-        return code, a_nan | a_inf | b_nan | b_inf
+        return code
 
 
 class FpDot(ConfiguredComponent):
@@ -375,40 +460,134 @@ class FpDot(ConfiguredComponent):
     def elaborate(self, platform):
         m = Module()
         cfg = self.config
-        accumulator = FpAccumulator(m, cfg.dtype, cfg.group, cfg.acc_frac, cfg.scale_format)
-        first = Signal(init=1)                           # the next beat starts a partial sum
-        dot_first = Signal(init=1)                       # ... and a dot product
-        beat_index = Signal(range(max(1, cfg.chunk_beats)))
+        acc = FpAccumulator(m, cfg.dtype, cfg.group, cfg.acc_frac, cfg.scale_format)
+        W, E = acc.term_width, ACC_EXPONENT_BITS + 2
+        emin = Const(golden.ACC_EMIN, signed(E))
 
+        # The whole pipeline moves together, stalled only by a full output register.
         out_valid = Signal()
-        take = self.inp.valid & self.inp.ready
-        m.d.comb += self.inp.ready.eq(~out_valid | self.out.ready)
+        advance = Signal()
+        m.d.comb += [advance.eq(~out_valid | self.out.ready), self.inp.ready.eq(advance),
+                     self.out.valid.eq(out_valid)]
+        pipe = StallPipe(advance)
+        take = self.inp.valid & advance
 
-        # Promotion at a chunk's last beat (and the dot product's).
+        # Beat control, at the input: does the beat start a partial sum, a dot product, end
+        # a partial sum (promote), end the dot product?
+        first = Signal(init=1)
+        dot_first = Signal(init=1)
+        beat_index = Signal(range(max(1, cfg.chunk_beats)))
         beat = self.inp.payload
         promote = Signal()
         chunk_end = (beat_index == cfg.chunk_beats - 1) if cfg.chunk_beats else Const(0)
         m.d.comb += promote.eq(chunk_end | beat.last)
-        updates, result = accumulator.step(beat.a, beat.b, beat.scale_a, beat.scale_b, first,
-                                           dot_first, promote, beat.last)
         with m.If(take):
-            m.d.sync += updates
             m.d.sync += [first.eq(promote), dot_first.eq(beat.last)]
             if cfg.chunk_beats:
                 m.d.sync += beat_index.eq(Mux(promote, 0, beat_index + 1))
 
-        # Result register: loaded by a dot product's last beat.
-        with m.If(self.out.ready):
-            m.d.sync += out_valid.eq(0)
-        with m.If(take & beat.last):
-            m.d.sync += [out_valid.eq(1), self.out.payload.result.eq(result)]
-        m.d.comb += self.out.valid.eq(out_valid)
+        def carry(values, name, stages):
+            """``values`` (a dict) delayed by ``stages`` pipeline registers."""
+            return {key: pipe.delay(value, stages, f"{name}_{key}")
+                    for key, value in values.items()}
+
+        control = {"valid": self.inp.valid, "first": first, "dot_first": dot_first,
+                   "promote": promote, "last": beat.last}
+        factor = acc._scale_factor(beat.scale_a, beat.scale_b)
+
+        # Stage 1: products (step 1).
+        products, flags = acc.products(beat.a, beat.b)
+        lanes = [tuple(pipe.reg(value, f"s1_p{i}_{key}") for key, value in
+                       zip(("sign", "m", "x", "top"), product))
+                 for i, product in enumerate(products)]
+
+        # Stage 2: each product aligned to the beat's largest exponent B (at least -126).
+        beat_top = Signal(signed(E), name="beat_top")
+        m.d.comb += beat_top.eq(max_tree(m, [top for *_, top in lanes] + [emin], "beat_top"))
+        aligned = [(pipe.reg(sign, f"s2_p{i}_sign"),
+                    pipe.reg(acc.aligned_product(magnitude, exponent, beat_top, f"s1_p{i}"),
+                             f"s2_p{i}_aligned"))
+                   for i, (sign, magnitude, exponent, _) in enumerate(lanes)]
+        top2 = pipe.reg(beat_top, "s2_beat_top")
+
+        # Stage 3: the beat's sums for every further right shift d the partial sum may force
+        # (next stage), so that the loop selects one instead of shifting and adding g terms.
+        shifted_sums = [pipe.reg(value, f"s3_sum{d}")
+                        for d, value in enumerate(_shifted_sums(m, aligned, W, acc.sum_width))]
+        top3 = pipe.reg(top2, "s3_beat_top")
+
+        # Stage 4, the partial-sum loop (steps 2 to 4): the alignment exponent is the larger of
+        # B and the partial sum's; past B by d, the products' sum is the one shifted by d.
+        c4 = carry(control, "s4", 3)
+        held_m, held_e, held_sign = acc.held(c4["first"])
+        ahead = Signal(name="partial_ahead")
+        gap = Signal(signed(E + 1), name="partial_gap")
+        m.d.comb += [ahead.eq(held_e > top3), gap.eq(held_e - top3)]
+        largest = Signal(signed(E), name="largest")
+        pick = Signal(range(W + 1), name="products_shift")
+        m.d.comb += [largest.eq(Mux(ahead, held_e, top3)),
+                     pick.eq(Mux(ahead, Mux(gap >= W, W, gap), 0))]
+        products_sum = Array(shifted_sums + [Const(0, signed(acc.sum_width))])[pick]
+        total = Signal(signed(acc.sum_width), name="sum")
+        m.d.comb += total.eq(products_sum + acc.held_term(held_m, held_e, held_sign, largest))
+        new_m, new_e = acc._normalize(total, largest)
+        with m.If(advance & c4["valid"]):
+            m.d.sync += [acc.acc_m.eq(new_m), acc.acc_e.eq(new_e), acc.acc_sign.eq(total < 0)]
+
+        # Stage 5: the partial sum (now in acc_m, acc_e, acc_sign) times its scales.
+        c5 = carry(control, "s5", 4)
+        f5 = carry(dict(zip(("bad", "sign", "m", "x"), factor)), "s5_scales", 4)
+        flags5 = carry(dict(zip(("nan", "inf_pos", "inf_neg"), flags)), "s5_flags", 4)
+        scaled = [pipe.reg(value, f"s5_scaled_{key}") for key, value in
+                  zip(("sign", "m", "x"), acc._scaled(acc.acc_sign, acc.acc_m, acc.acc_e,
+                                                      (f5["bad"], f5["sign"], f5["m"],
+                                                       f5["x"])))]
+
+        # Stage 6, the FP32 loop (step 5 and the specials), into the output register.
+        c6 = carry(control, "s6", 5)
+        updates, result = acc.promotion(
+            scaled, pipe.reg(f5["bad"], "s6_scales_bad"),
+            [pipe.reg(flag, f"s6_{key}") for key, flag in flags5.items()],
+            c6["dot_first"], c6["promote"], c6["last"])
+        with m.If(advance & c6["valid"]):
+            m.d.sync += updates
+        with m.If(advance):
+            m.d.sync += out_valid.eq(c6["valid"] & c6["last"])
+            with m.If(c6["valid"] & c6["last"]):
+                m.d.sync += self.out.payload.result.eq(result)
+        pipe.emit(m)
         return m
+
+
+def _shifted_sums(m, aligned, width, sum_width):
+    """For d = 0..width-1, the sum over the lanes of sign * (magnitude >> d), each term
+    truncated toward zero: sum over bit columns j >= d of c_j * 2**(j - d), where c_j counts
+    the positive lanes with bit j set less the negative ones. Suffix sums in ceil(log2 width)
+    levels of adders (windows doubling), instead of width shifts of every lane."""
+    columns = []
+    for j in range(width):
+        positive = sum_tree([magnitude[j] & ~sign for sign, magnitude in aligned])
+        negative = sum_tree([magnitude[j] & sign for sign, magnitude in aligned])
+        column = Signal(signed(sum_width), name=f"column{j}")
+        m.d.comb += column.eq(positive - negative)
+        columns.append(column)
+    level, span = columns, 1
+    while span < width:
+        merged = []
+        for d in range(width):
+            if d + span >= width:
+                merged.append(level[d])
+                continue
+            window = Signal(signed(sum_width), name=f"suffix{span}_{d}")
+            m.d.comb += window.eq(level[d] + (level[d + span] << span))
+            merged.append(window)
+        level, span = merged, 2 * span
+    return level
 
 
 register(Block(
     name="fp_dot", family="fp", config=FpDotConfig, build=FpDot,
-    figures=lambda cfg: {"beats_per_cycle": 1, "latency_cycles": 1,
+    figures=lambda cfg: {"beats_per_cycle": 1, "latency_cycles": golden.DOT_LATENCY,
                          "products_per_cycle": cfg.group},
     summary="FP8/BF16 dot product: g products a cycle, acc_frac truncation, FP32 promotion",
     # The cost trade-off seed 003 asks hardware to expose: formats, accumulator widths, scales.

@@ -2,7 +2,7 @@
 
 Every result (an FP32 code) is compared, in order, with the golden dot product on the same
 codes and scales; with every port ready the beats are taken one per cycle and each result
-leaves one edge after its dot product's last beat.
+leaves ``golden.fp.DOT_LATENCY`` edges after its dot product's last beat.
 """
 
 import math
@@ -119,7 +119,7 @@ async def test_random_dots(dut, gap, stall):
     """Random dot products of 1..max(4g, 300) elements with random scales per 128-element
     block, finite and with specials, under valid gaps and result stalls: every result equals
     the golden dot product, in order; without stalls the beats go back to back and each result
-    leaves one edge after its last beat."""
+    leaves golden.fp.DOT_LATENCY edges after its last beat."""
     bench = await start_bench(DotBench, dut, f"random:{gap}:{stall}", gap, stall)
     for index in range(40):
         bench.random_dot(specials=index % 3 == 0)
@@ -129,7 +129,8 @@ async def test_random_dots(dut, gap, stall):
         taken = bench.sources["inp"].sent_edges
         assert taken == list(range(taken[0], taken[0] + len(taken))), "a bubble between beats"
         lasts = [edge for edge, last in zip(taken, bench.last_flags) if last]
-        assert [edge for edge, _ in bench.sinks["out"].received] == [e + 1 for e in lasts]
+        assert ([edge for edge, _ in bench.sinks["out"].received]
+                == [edge + golden.DOT_LATENCY for edge in lasts])
     bench.stop()
 
 
@@ -354,9 +355,13 @@ async def test_throughput(dut):
     taken = bench.sources["inp"].sent_edges
     rate = beats_per_cycle(taken)
     assert rate == 1.0
+    lasts = [edge for edge, last in zip(taken, bench.last_flags) if last]
+    latencies = {out - last for (out, _), last in zip(bench.sinks["out"].received, lasts)}
+    assert latencies == {golden.DOT_LATENCY}, latencies
     write_throughput({"beats_per_cycle": rate,
                       "products_per_cycle": rate * bench.cfg.group,
-                      "latency_cycles": 1, "dot_products": len(bench.board.expected)},
+                      "latency_cycles": latencies.pop(),
+                      "dot_products": len(bench.board.expected)},
                      "operand pairs of group g per cycle, every port ready",
                      (edge_now() - first_edge) / (time.perf_counter() - began),
                      operations=bench.products)
