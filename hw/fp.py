@@ -40,7 +40,7 @@ from amaranth.utils import ceil_log2
 from golden import fp as golden
 from hw.fparith import fp_fields
 from hw.params import ConfiguredComponent, choice_param, int_param, param_error, validate
-from hw.pipeline import StallPipe, leading_one, max_tree, sum_tree
+from hw.pipeline import StallPipe, leading_one, leading_one_tree, max_tree, sum_tree
 from hw.registry import Block, register
 
 __all__ = ["FpDotConfig", "FpDot", "input_layout", "result_layout"]
@@ -291,7 +291,7 @@ class FpAccumulator:
         E = ACC_EXPONENT_BITS + 2
         magnitude = Signal(len(total), name=f"{p}sum_abs")
         m.d.comb += magnitude.eq(Mux(total < 0, -total, total))
-        lead = leading_one(m, magnitude, f"{p}sum_lead")
+        lead = leading_one_tree(m, magnitude, f"{p}sum_lead")
         excess = Signal(signed(E + 1), name=f"{p}excess")      # > 0: carry bits to drop
         m.d.comb += excess.eq(lead - F)
         raised = Signal(signed(E + 1), name=f"{p}raised")
@@ -330,13 +330,16 @@ class FpAccumulator:
 
     def _scaled(self, sign, mantissa, exponent, factor):
         """A partial sum (sign, F + 1-bit mantissa, exponent) times a scale factor
-        (:meth:`_scale_factor`): ``(sign, mantissa, exponent of its last bit)``, exact."""
+        (:meth:`_scale_factor`): ``(sign, mantissa, exponent of its last bit, of its leading
+        bit)``, exact."""
         m, p, F = self.m, self.prefix, self.acc_frac
         _, f_sign, f_m, f_x = factor
         product = Signal(F + 1 + len(f_m), name=f"{p}scaled_m")
         product_x = Signal(signed(14), name=f"{p}scaled_x")
         m.d.comb += [product.eq(mantissa * f_m), product_x.eq(exponent - F + f_x)]
-        return sign ^ f_sign, product, product_x
+        top = Signal(signed(14), name=f"{p}scaled_top")
+        m.d.comb += top.eq(product_x + leading_one_tree(m, product, f"{p}scaled_lead"))
+        return sign ^ f_sign, product, product_x, top
 
     def _aligned(self, mantissa, exponent, base, name):
         """``mantissa * 2**(exponent - base)`` in FIELD + 1 bits, truncated, and whether bits
@@ -352,7 +355,7 @@ class FpAccumulator:
         value = Signal(FIELD + 1, name=f"{name}_aligned")
         lost = Signal(name=f"{name}_sticky")
         m.d.comb += [value.eq(full >> amount),
-                     lost.eq((full & ((Const(1, FIELD + width + 1) << amount) - 1)) != 0)]
+                     lost.eq((full & _low_mask(amount, FIELD + width)) != 0)]
         return value, lost
 
     def _scale(self, code, name):
@@ -364,22 +367,15 @@ class FpAccumulator:
         self.m.d.comb += exponent.eq(Cat(code, Const(0, 2)).as_signed() - 127)
         return code == 255, Const(0), Const(0), Const(1, 1), exponent
 
-    def _promote(self, sign, mantissa, exponent, scale_a, scale_b, total):
-        """The FP32 code of ``total`` + (-1)**sign * mantissa * 2**(exponent - F) * scale_a *
-        scale_b, rounded to nearest even once (saturating, subnormals kept, zero positive);
-        and whether a scale is NaN or infinite."""
-        factor = self._scale_factor(scale_a, scale_b)
-        return self._add_round(*self._scaled(sign, mantissa, exponent, factor), total), factor[0]
-
-    def _add_round(self, product_sign, product, product_x, total):
-        """The FP32 code of ``total`` + (-1)**product_sign * product * 2**product_x, rounded to
-        nearest even once (saturating, subnormals kept, zero positive)."""
+    def _add_round(self, product_sign, product, product_x, p_top, total):
+        """The FP32 code of ``total`` + (-1)**product_sign * product * 2**product_x (its
+        leading bit's exponent ``p_top`` when nonzero), rounded to nearest even once
+        (saturating, subnormals kept, zero positive)."""
         m, p = self.m, self.prefix
         _, _, t_sign, t_m, t_x = _operand(m, total, f"{p}total", FP32)
-        p_lead = leading_one(m, product, f"{p}product_lead")
-        t_lead = leading_one(m, t_m, f"{p}total_lead")
-        p_top, t_top = Signal(signed(14)), Signal(signed(14))
-        m.d.comb += [p_top.eq(product_x + p_lead), t_top.eq(t_x + t_lead)]
+        t_lead = leading_one_tree(m, t_m, f"{p}total_lead")
+        t_top = Signal(signed(14), name=f"{p}total_top")
+        m.d.comb += t_top.eq(t_x + t_lead)
         p_zero, t_zero = product == 0, t_m == 0
         top = Signal(signed(14))
         m.d.comb += top.eq(Mux(p_zero, t_top, Mux(t_zero | (p_top > t_top), p_top, t_top)))
@@ -397,12 +393,13 @@ class FpAccumulator:
         lost = p_lost | t_lost
         lost_negative = Mux(p_lost, product_sign, t_sign)
         result_sign = raw < 0
-        magnitude = Signal(width)
-        m.d.comb += magnitude.eq(Mux(result_sign, -raw, raw))
+        # |raw| less one where the lost bits lie on the other side of zero; for raw < 0,
+        # -raw - 1 is ~raw: one carry chain after raw's, not a negation and a decrement.
+        toward_zero = lost & (lost_negative != result_sign)
         exact = Signal(width)                          # |sum| = exact + (sticky ? (0, 1) : 0)
-        m.d.comb += exact.eq(Mux(lost & (lost_negative != result_sign), magnitude - 1,
-                                 magnitude))
-        lead = leading_one(m, exact, f"{p}round_lead")
+        m.d.comb += exact.eq(Mux(result_sign, (~raw).as_unsigned() + ~toward_zero,
+                                 raw.as_unsigned() - toward_zero))
+        lead = leading_one_tree(m, exact, f"{p}round_lead")
         round_x = Signal(signed(14))                   # exponent of the kept last bit
         m.d.comb += round_x.eq(base + lead - 23)
         kept_x = Signal(signed(14))
@@ -419,7 +416,7 @@ class FpAccumulator:
         rest = Signal()
         m.d.comb += [guard.eq(Mux(amount == 0, 0, (exact >> below)[0])),
                      rest.eq(lost | (Mux(amount <= 1, 0,
-                                         (exact & ((Const(1, width + 1) << below) - 1)) != 0)))]
+                                         (exact & _low_mask(below, width)) != 0)))]
         rounded = Signal(26)
         m.d.comb += rounded.eq(kept + (guard & (rest | kept[0])))
         carry = rounded[24]
@@ -438,6 +435,12 @@ class FpAccumulator:
         with m.Else():
             m.d.comb += code.eq(Cat(q[:23], biased[:8], result_sign))
         return code
+
+
+def _low_mask(amount, width):
+    """``width`` bits, those below ``amount`` set: a shifted constant, where (1 << amount) - 1
+    would put a carry chain the width of the field in the FP32 loop."""
+    return ~(Const((1 << width) - 1, width) << amount)[:width]
 
 
 class FpDot(ConfiguredComponent):
@@ -539,7 +542,7 @@ class FpDot(ConfiguredComponent):
         f5 = carry(dict(zip(("bad", "sign", "m", "x"), factor)), "s5_scales", 4)
         flags5 = carry(dict(zip(("nan", "inf_pos", "inf_neg"), flags)), "s5_flags", 4)
         scaled = [pipe.reg(value, f"s5_scaled_{key}") for key, value in
-                  zip(("sign", "m", "x"), acc._scaled(acc.acc_sign, acc.acc_m, acc.acc_e,
+                  zip(("sign", "m", "x", "top"), acc._scaled(acc.acc_sign, acc.acc_m, acc.acc_e,
                                                       (f5["bad"], f5["sign"], f5["m"],
                                                        f5["x"])))]
 

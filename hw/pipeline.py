@@ -2,7 +2,8 @@
 lane layouts."""
 
 
-from amaranth.hdl import Module, Mux, Signal, Value, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
+from amaranth.utils import ceil_log2
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
@@ -10,8 +11,8 @@ from amaranth.lib.wiring import In, Out
 from golden.fixed import signed_limits
 
 __all__ = ["StallPipe", "OutputQueue", "SkidSlice", "OUT_FIFO_DEPTH", "lanes_layout", "saturate",
-           "select", "or_tree", "sum_tree", "max_tree", "leading_one", "requant", "requant_shift",
-           "requant_round"]
+           "select", "or_tree", "sum_tree", "max_tree", "leading_one", "leading_one_tree",
+           "requant", "requant_shift", "requant_round"]
 
 # Depth of an output queue. Two entries suffice for full throughput: a pipeline writes at most
 # one beat per cycle and a ready consumer reads one per cycle, so the level never exceeds one.
@@ -34,6 +35,27 @@ def leading_one(m, value, name):
     for bit in range(len(value)):          # later assignments win: the highest bit
         with m.If(value[bit]):
             m.d.comb += index.eq(bit)
+    return index
+
+
+def leading_one_tree(m, value, name):
+    """:func:`leading_one` as a balanced tree: halves at a power of two, the upper one's index
+    (with its any-bit as the top bit) where it has a set bit, else the lower one's; depth
+    ceil(log2 n) multiplexer levels instead of a priority chain of n (the floating-point
+    loops, on the clock's critical path)."""
+    def search(bits):
+        """``(any bit set, index of the highest, ceil(log2 len) bits)``."""
+        if len(bits) == 1:
+            return bits[0], Const(0, 0)
+        half = 1 << (ceil_log2(len(bits)) - 1)
+        low_any, low = search(bits[:half])
+        high_any, high = search(bits[half:])
+        width = ceil_log2(half)
+        return low_any | high_any, Cat(Mux(high_any, high, low)[:width] if width else Const(0, 0),
+                                       high_any)
+
+    index = Signal(range(max(2, len(value))), name=name)
+    m.d.comb += index.eq(search(value)[1])
     return index
 
 

@@ -400,3 +400,34 @@ def test_multiply_rules_for_specials_zeros_and_saturation():
     assert fp.scale_cast(fp.encode(3.0, "fp32"), "fp32", e4, 10) == 0x02   # 1.5 of it: even
     assert fp.multiply(fp.encode(3.0, "fp32"), "fp32", 5, None, "fp32", 2) == fp.encode(3.75,
                                                                                        "fp32")
+
+
+# --- the floating-point loops' leading-one search (hw.pipeline.leading_one_tree) ------------
+
+@pytest.mark.parametrize("width", [1, 2, 3, 5, 8, 24, 62, 83])
+def test_leading_one_tree_is_the_priority_chain(width):
+    """The balanced search the FP32 and partial-sum loops use gives the priority chain's index
+    (0 for zero) on zero, all ones, every single bit and random values."""
+    from amaranth.hdl import Module, Signal
+    from amaranth.sim import Simulator
+
+    from hw.pipeline import leading_one, leading_one_tree
+    m = Module()
+    value = Signal(width)
+    chain, tree = leading_one(m, value, "chain"), leading_one_tree(m, value, "tree")
+    rng = np.random.default_rng(width)
+    values = [0, (1 << width) - 1, *(1 << bit for bit in range(width)),
+              *(int(rng.integers(0, 1 << min(width, 62))) << max(0, width - 62)
+                for _ in range(200))]
+    mismatches = []
+
+    async def bench(ctx):
+        for v in values:
+            ctx.set(value, v)
+            if ctx.get(tree) != ctx.get(chain) or ctx.get(chain) != max(v.bit_length() - 1, 0):
+                mismatches.append((v, ctx.get(chain), ctx.get(tree)))
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
+    assert mismatches == []
