@@ -341,17 +341,20 @@ class FpAccumulator:
         m.d.comb += top.eq(product_x + leading_one_tree(m, product, f"{p}scaled_lead"))
         return sign ^ f_sign, product, product_x, top
 
-    def _aligned(self, mantissa, exponent, base, name):
-        """``mantissa * 2**(exponent - base)`` in FIELD + 1 bits, truncated, and whether bits
-        were lost (sticky). The caller makes the top fit: exponent + lead <= base + FIELD - 1."""
+    def _aligned(self, mantissa, shift, name):
+        """``mantissa * 2**(FIELD - shift)`` in FIELD + 1 bits, truncated, and whether bits
+        were lost (sticky): shift = FIELD - (exponent - base) for a mantissa of ``exponent``
+        and the field's last bit at ``base``. The caller makes the top fit."""
         m = self.m
         width = len(mantissa)
         full = Cat(Const(0, FIELD), mantissa)
-        shift = Signal(signed(14), name=f"{name}_shift")        # FIELD - (exponent - base)
-        m.d.comb += shift.eq(FIELD - (exponent - base))
-        amount = Signal(range(FIELD + width + 1), name=f"{name}_amount")
-        m.d.comb += amount.eq(Mux(shift < 0, 0, Mux(shift > FIELD + width, FIELD + width,
-                                                    shift)))
+        # Shifts of 256 or more clear the field as FIELD + width does: their high bits, not a
+        # comparison, make the clamp (a negative shift comes only with a zero mantissa).
+        low = 8
+        assert FIELD + width < 1 << low
+        amount = Signal(low, name=f"{name}_amount")
+        m.d.comb += amount.eq(Mux(shift[-1], 0, Mux(shift[low:-1].any(), (1 << low) - 1,
+                                                    shift[:low])))
         value = Signal(FIELD + 1, name=f"{name}_aligned")
         lost = Signal(name=f"{name}_sticky")
         m.d.comb += [value.eq(full >> amount),
@@ -377,64 +380,88 @@ class FpAccumulator:
         t_top = Signal(signed(14), name=f"{p}total_top")
         m.d.comb += t_top.eq(t_x + t_lead)
         p_zero, t_zero = product == 0, t_m == 0
+        p_leads = Signal(name=f"{p}product_leads")     # the larger sets the field's top
+        m.d.comb += p_leads.eq(~p_zero & (t_zero | (p_top > t_top)))
         top = Signal(signed(14))
-        m.d.comb += top.eq(Mux(p_zero, t_top, Mux(t_zero | (p_top > t_top), p_top, t_top)))
+        m.d.comb += top.eq(Mux(p_leads, p_top, t_top))
         base = Signal(signed(14))                      # the field's last bit's exponent
         m.d.comb += base.eq(top - (FIELD - 1))
-        p_value, p_lost = self._aligned(product, product_x, base, f"{p}product")
-        t_value, t_lost = self._aligned(t_m, t_x, base, f"{p}total")
+        # Each operand's shift, FIELD - (exponent - base) = top + 1 - exponent, from either
+        # top, so that the shifters need not wait for the comparison and then a subtraction.
+        p_shift, t_shift = Signal(signed(14)), Signal(signed(14))
+        m.d.comb += [p_shift.eq(Mux(p_leads, p_top - product_x, t_top - product_x) + 1),
+                     t_shift.eq(Mux(p_leads, p_top - t_x + 1, t_lead + 1))]
+        p_value, p_lost = self._aligned(product, p_shift, f"{p}product")
+        t_value, t_lost = self._aligned(t_m, t_shift, f"{p}total")
         width = FIELD + 3
-        p_wide = Cat(p_value, Const(0, 2)).as_signed()
-        t_wide = Cat(t_value, Const(0, 2)).as_signed()
-        raw = Signal(signed(width))
-        m.d.comb += raw.eq(Mux(product_sign, -p_wide, p_wide) + Mux(t_sign, -t_wide, t_wide))
+        # raw = +-p_value +-t_value in one adder: with equal signs the magnitudes' sum, with
+        # different ones the positive less the negative (-x = ~x + 1, the 1 as a carry in).
+        mixed = product_sign != t_sign
+        p_wide = Cat(p_value, Const(0, 2))
+        t_wide = Cat(t_value, Const(0, 2))
+        combined = Signal(signed(width))               # |raw| (equal signs) or raw (different)
+        m.d.comb += combined.eq(_add_with_carry(Mux(mixed & product_sign, ~p_wide, p_wide),
+                                                Mux(mixed & t_sign, ~t_wide, t_wide), mixed))
+        result_sign = Signal()                         # raw < 0
+        m.d.comb += result_sign.eq(Mux(mixed, combined < 0, product_sign & (combined != 0)))
         # At most the smaller operand lost bits: the exact sum lies within one field unit of
         # raw, on that operand's side.
         lost = p_lost | t_lost
         lost_negative = Mux(p_lost, product_sign, t_sign)
-        result_sign = raw < 0
-        # |raw| less one where the lost bits lie on the other side of zero; for raw < 0,
-        # -raw - 1 is ~raw: one carry chain after raw's, not a negation and a decrement.
+        # |raw| less one where the lost bits lie on the other side of zero; for raw < 0 (only
+        # with different signs), -raw - 1 is ~raw: one carry chain after the sum's.
         toward_zero = lost & (lost_negative != result_sign)
         exact = Signal(width)                          # |sum| = exact + (sticky ? (0, 1) : 0)
-        m.d.comb += exact.eq(Mux(result_sign, (~raw).as_unsigned() + ~toward_zero,
-                                 raw.as_unsigned() - toward_zero))
+        m.d.comb += exact.eq(Mux(mixed & (combined < 0), (~combined).as_unsigned() + ~toward_zero,
+                                 combined.as_unsigned() - toward_zero))
         lead = leading_one_tree(m, exact, f"{p}round_lead")
-        round_x = Signal(signed(14))                   # exponent of the kept last bit
-        m.d.comb += round_x.eq(base + lead - 23)
-        kept_x = Signal(signed(14))
-        m.d.comb += kept_x.eq(Mux(round_x < FP32.emin - 23, FP32.emin - 23, round_x))
+        # The bits to drop below the kept 24: lead - 23, but the kept last bit no lower than
+        # FP32's smallest subnormal, 2**(emin - 23) (its floor is ready before the sum).
+        floor = Signal(signed(15))
+        m.d.comb += floor.eq(FP32.emin - 23 - base)
+        natural = Signal(signed(8))
+        m.d.comb += natural.eq(lead - 23)
         drop = Signal(signed(15))
-        m.d.comb += drop.eq(kept_x - base)
+        m.d.comb += drop.eq(Mux(natural < floor, floor, natural))
+        kept_x = Signal(signed(14))                    # exponent of the kept last bit
+        m.d.comb += kept_x.eq(base + drop)
         amount = Signal(range(width + 1))
         m.d.comb += amount.eq(Mux(drop < 0, 0, Mux(drop > width, width, drop)))
         kept = Signal(width)
         m.d.comb += kept.eq(Mux(drop < 0, exact << (-drop).as_unsigned()[:7], exact >> amount))
-        below = Signal(range(width + 1))               # the guard bit's index
-        m.d.comb += below.eq(amount - 1)
+        dropped = _low_mask(amount, width)             # the guard bit and those below it
         guard = Signal()
         rest = Signal()
-        m.d.comb += [guard.eq(Mux(amount == 0, 0, (exact >> below)[0])),
-                     rest.eq(lost | (Mux(amount <= 1, 0,
-                                         (exact & _low_mask(below, width)) != 0)))]
+        m.d.comb += [guard.eq((exact & dropped & ~(dropped >> 1)) != 0),
+                     rest.eq(lost | ((exact & (dropped >> 1)) != 0))]
         rounded = Signal(26)
         m.d.comb += rounded.eq(kept + (guard & (rest | kept[0])))
         carry = rounded[24]
         q = Signal(24)
-        q_x = Signal(signed(15))
-        m.d.comb += [q.eq(Mux(carry, rounded >> 1, rounded)), q_x.eq(kept_x + carry)]
+        m.d.comb += q.eq(Mux(carry, rounded >> 1, rounded))
+        # The biased exponent of q's last bit, kept_x + carry + 23 + bias, and whether it is
+        # past 254: each for both values of the rounding's carry, computed before it is known.
         biased = Signal(signed(15))
-        m.d.comb += biased.eq(q_x + 23 + FP32.bias)
+        overflow = Signal()
+        m.d.comb += [biased.eq(Mux(carry, kept_x + (24 + FP32.bias), kept_x + (23 + FP32.bias))),
+                     overflow.eq(Mux(carry, kept_x > 254 - 24 - FP32.bias,
+                                     kept_x > 254 - 23 - FP32.bias))]
         code = Signal(32)
         with m.If(q == 0):
             m.d.comb += code.eq(0)
-        with m.Elif(~q[23]):                           # subnormal (q_x is the lowest)
+        with m.Elif(~q[23]):                           # subnormal (kept_x is the lowest)
             m.d.comb += code.eq(Cat(q[:23], Const(0, 8), result_sign))
-        with m.Elif(biased > 254):
+        with m.Elif(overflow):
             m.d.comb += code.eq(Cat(Const(FP32.max_code, 31), result_sign))
         with m.Else():
             m.d.comb += code.eq(Cat(q[:23], biased[:8], result_sign))
         return code
+
+
+def _add_with_carry(a, b, carry):
+    """a + b + carry (one bit) as one adder: a 1 below each operand's last bit carries the
+    ``carry`` in (Amaranth has no carry input), where adding it after would be a second chain."""
+    return (Cat(Const(1, 1), a) + Cat(carry, b))[1:]
 
 
 def _low_mask(amount, width):
