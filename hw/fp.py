@@ -294,24 +294,27 @@ class FpAccumulator:
         lead = leading_one_tree(m, magnitude, f"{p}sum_lead")
         excess = Signal(signed(E + 1), name=f"{p}excess")      # > 0: carry bits to drop
         m.d.comb += excess.eq(lead - F)
-        raised = Signal(signed(E + 1), name=f"{p}raised")
-        m.d.comb += raised.eq(largest + excess)
+        # From ``largest`` alone, beside the sum: the room above -126 and below 127.
+        room = Signal(signed(E + 1), name=f"{p}room")
+        headroom = Signal(signed(E + 1), name=f"{p}headroom")
+        m.d.comb += [room.eq(largest - emin), headroom.eq(emax - largest)]
         normal_m = Signal(F + 1, name=f"{p}normal_m")
         normal_e = Signal(signed(E + 1), name=f"{p}normal_e")
+        overflow = Signal(name=f"{p}overflow")                 # normal_e > 127
         with m.If(excess >= 0):
-            m.d.comb += [normal_m.eq(magnitude >> excess.as_unsigned()), normal_e.eq(raised)]
+            m.d.comb += [normal_m.eq(magnitude >> excess.as_unsigned()),
+                         normal_e.eq(largest + excess), overflow.eq(excess > headroom)]
         with m.Else():
             # Left: by the missing bits, but not below exponent -126.
-            room = Signal(signed(E + 1), name=f"{p}room")
-            m.d.comb += room.eq(largest - emin)
             left = Signal(range(F + 2), name=f"{p}left")
             m.d.comb += left.eq(Mux(room < -excess, room, -excess))
-            m.d.comb += [normal_m.eq(magnitude << left), normal_e.eq(largest - left)]
+            m.d.comb += [normal_m.eq(magnitude << left), normal_e.eq(largest - left),
+                         overflow.eq(left < -headroom)]
         new_m = Signal(F + 1, name=f"{p}new_m")
         new_e = Signal(signed(E + 1), name=f"{p}new_e")
-        with m.If(magnitude == 0):
+        with m.If(total == 0):
             m.d.comb += [new_m.eq(0), new_e.eq(emin)]
-        with m.Elif(normal_e > emax):
+        with m.Elif(overflow):
             m.d.comb += [new_m.eq((1 << (F + 1)) - 1), new_e.eq(emax)]
         with m.Else():
             m.d.comb += [new_m.eq(normal_m), new_e.eq(normal_e)]
@@ -389,8 +392,11 @@ class FpAccumulator:
         # Each operand's shift, FIELD - (exponent - base) = top + 1 - exponent, from either
         # top, so that the shifters need not wait for the comparison and then a subtraction.
         p_shift, t_shift = Signal(signed(14)), Signal(signed(14))
-        m.d.comb += [p_shift.eq(Mux(p_leads, p_top - product_x, t_top - product_x) + 1),
-                     t_shift.eq(Mux(p_leads, p_top - t_x + 1, t_lead + 1))]
+        p_own, p_under_t = Signal(signed(14)), Signal(signed(14))
+        m.d.comb += [p_own.eq(p_top + 1 - product_x),
+                     p_under_t.eq((t_x + 1 - product_x) + t_lead),
+                     p_shift.eq(Mux(p_leads, p_own, p_under_t)),
+                     t_shift.eq(Mux(p_leads, p_top + 1 - t_x, t_lead + 1))]
         p_value, p_lost = self._aligned(product, p_shift, f"{p}product")
         t_value, t_lost = self._aligned(t_m, t_shift, f"{p}total")
         width = FIELD + 3
@@ -410,25 +416,35 @@ class FpAccumulator:
         lost_negative = Mux(p_lost, product_sign, t_sign)
         # |raw| less one where the lost bits lie on the other side of zero; for raw < 0 (only
         # with different signs), -raw - 1 is ~raw: one carry chain after the sum's.
+        # Both candidates of each side are ready before toward_zero (which waits for the sign).
         toward_zero = lost & (lost_negative != result_sign)
+        negative = mixed & (combined < 0)
+        inverted = (~combined).as_unsigned()[:width]
+        below, above = Signal(width), Signal(width)
+        m.d.comb += [below.eq(combined.as_unsigned() - 1), above.eq(inverted + 1)]
         exact = Signal(width)                          # |sum| = exact + (sticky ? (0, 1) : 0)
-        m.d.comb += exact.eq(Mux(mixed & (combined < 0), (~combined).as_unsigned() + ~toward_zero,
-                                 combined.as_unsigned() - toward_zero))
+        m.d.comb += exact.eq(Mux(negative, Mux(toward_zero, inverted, above),
+                                 Mux(toward_zero, below, combined.as_unsigned())))
         lead = leading_one_tree(m, exact, f"{p}round_lead")
         # The bits to drop below the kept 24: lead - 23, but the kept last bit no lower than
         # FP32's smallest subnormal, 2**(emin - 23) (its floor is ready before the sum).
-        floor = Signal(signed(15))
-        m.d.comb += floor.eq(FP32.emin - 23 - base)
+        floor, lifted = Signal(signed(15)), Signal(signed(15))
+        m.d.comb += [floor.eq(FP32.emin - 23 - base), lifted.eq(FP32.emin - base)]
+        floored = Signal()                             # lead - 23 < floor
         natural = Signal(signed(8))
-        m.d.comb += natural.eq(lead - 23)
-        drop = Signal(signed(15))
-        m.d.comb += drop.eq(Mux(natural < floor, floor, natural))
+        m.d.comb += [floored.eq(lead < lifted), natural.eq(lead - 23)]
+        drop = Signal(signed(15))                      # at least -23 (lead >= 0)
+        m.d.comb += drop.eq(Mux(floored, floor, natural))
         kept_x = Signal(signed(14))                    # exponent of the kept last bit
         m.d.comb += kept_x.eq(base + drop)
-        amount = Signal(range(width + 1))
-        m.d.comb += amount.eq(Mux(drop < 0, 0, Mux(drop > width, width, drop)))
+        # Right by drop (128 or more clears the field as 83 does: the high bits make the
+        # clamp), or left by -drop (from the two candidates, not by negating drop).
+        amount = Signal(7)
+        left = Signal(5)
+        m.d.comb += [amount.eq(Mux(drop[-1], 0, Mux(drop[7:-1].any(), 127, drop[:7]))),
+                     left.eq(Mux(floored, -floor, 23 - lead))]
         kept = Signal(width)
-        m.d.comb += kept.eq(Mux(drop < 0, exact << (-drop).as_unsigned()[:7], exact >> amount))
+        m.d.comb += kept.eq(Mux(drop[-1], exact << left, exact >> amount))
         dropped = _low_mask(amount, width)             # the guard bit and those below it
         guard = Signal()
         rest = Signal()
@@ -551,15 +567,31 @@ class FpDot(ConfiguredComponent):
         c4 = carry(control, "s4", 3)
         held_m, held_e, held_sign = acc.held(c4["first"])
         ahead = Signal(name="partial_ahead")
-        gap = Signal(signed(E + 1), name="partial_gap")
-        m.d.comb += [ahead.eq(held_e > top3), gap.eq(held_e - top3)]
+        gap = Signal(signed(E + 1), name="partial_gap")        # held_e - B
+        behind = Signal(signed(E + 1), name="partial_behind")  # B - held_e, beside it
+        m.d.comb += [ahead.eq(held_e > top3), gap.eq(held_e - top3), behind.eq(top3 - held_e)]
         largest = Signal(signed(E), name="largest")
-        pick = Signal(range(W + 1), name="products_shift")
-        m.d.comb += [largest.eq(Mux(ahead, held_e, top3)),
-                     pick.eq(Mux(ahead, Mux(gap >= W, W, gap), 0))]
-        products_sum = Array(shifted_sums + [Const(0, signed(acc.sum_width))])[pick]
+        m.d.comb += largest.eq(Mux(ahead, held_e, top3))
+        # Shifts clamped by their high bits, not by comparisons: the products' sums padded
+        # with zeros to a power of two (a shift of W or more leaves none), the partial sum's
+        # F + 1 bits cleared by any shift of 2**k - 1 >= F + 1.
+        pick_bits = ceil_log2(W + 1)
+        pick = Signal(pick_bits, name="products_shift")
+        m.d.comb += pick.eq(Mux(ahead, Mux(gap[pick_bits:].any(), (1 << pick_bits) - 1,
+                                           gap[:pick_bits]), 0))
+        zero = Const(0, signed(acc.sum_width))
+        products_sum = Array(shifted_sums + [zero] * ((1 << pick_bits) - W))[pick]
+        held_bits = ceil_log2(cfg.acc_frac + 2)
+        held_shift = Signal(held_bits, name="partial_shift")
+        m.d.comb += held_shift.eq(Mux(ahead, 0, Mux(behind[held_bits:].any(),
+                                                    (1 << held_bits) - 1, behind[:held_bits])))
+        held_aligned = Signal(acc.sum_width, name="partial_aligned")
+        m.d.comb += held_aligned.eq(held_m >> held_shift)
+        # Signed, in one adder: -x = ~x + 1, the 1 as a carry in.
         total = Signal(signed(acc.sum_width), name="sum")
-        m.d.comb += total.eq(products_sum + acc.held_term(held_m, held_e, held_sign, largest))
+        m.d.comb += total.eq(_add_with_carry(products_sum.as_unsigned(),
+                                             Mux(held_sign, ~held_aligned, held_aligned),
+                                             held_sign))
         new_m, new_e = acc._normalize(total, largest)
         with m.If(advance & c4["valid"]):
             m.d.sync += [acc.acc_m.eq(new_m), acc.acc_e.eq(new_e), acc.acc_sign.eq(total < 0)]
