@@ -227,6 +227,15 @@ def _products_by_top(fmt, rng, operands=400):
     return {t: rng.choice(pairs) for t, pairs in by_top.items()}, powers
 
 
+def _power_pair(powers, x, rng):
+    """Codes (a, b) with a * b = 2**x (``powers``: ``{x: code}`` of the exact powers of two),
+    or None."""
+    for xa in rng.sample(sorted(powers), len(powers)):
+        if x - xa in powers:
+            return powers[xa], powers[x - xa]
+    return None
+
+
 @cocotb.test()
 async def test_each_lane_leads(dut):
     """Each lane in turn holds the beat's largest product, at every exponent t its leading bit
@@ -246,19 +255,12 @@ async def test_each_lane_leads(dut):
     if len(tops) > 64:
         tops = sorted({tops[0], tops[-1], -1, 0, *rng.sample(tops, 60)} & set(tops))
 
-    def power_pair(x):
-        """Codes (a, b) with a * b = 2**x, or None."""
-        for xa in rng.sample(sorted(powers), len(powers)):
-            if x - xa in powers:
-                return powers[xa], powers[x - xa]
-        return None
-
     for lane in range(g):
         for top in tops:
             for drop in (0, 1, None):
                 a, b = by_top[top]
                 a ^= rng.choice((0, sign))
-                unit = (0, 0) if drop is None else power_pair(top - F - drop)
+                unit = (0, 0) if drop is None else _power_pair(powers, top - F - drop, rng)
                 if unit is None:
                     continue
                 ua, ub = unit[0] ^ rng.choice((0, sign)), unit[1]
@@ -269,6 +271,36 @@ async def test_each_lane_leads(dut):
                 beat_a[lane], beat_b[lane] = a, b
                 beat_a[(lane + 1) % g], beat_b[(lane + 1) % g] = ua, ub
                 bench.send_dot(beat_a, beat_b)
+    await bench.drain()
+    bench.check()
+    bench.stop()
+
+
+@cocotb.test()
+async def test_small_products_after_a_cancellation(dut):
+    """A beat whose products cancel to r = 1, 2 or 3 units of its alignment (+2**t, -2**t and
+    r products 2**(t - F)), then a beat with one product 2**(t - 2F + j), j = 0..3, at and
+    above the unit the renormalized residue keeps below itself. A renormalization that put
+    the residue's exponent a bit or two high would align the second beat too coarsely and
+    drop that product (fp_dot's mutant 6 of 2026-11-28, an index bit of the partial sum's
+    leading-one search tied to 1, passed every other test). For g < r + 2 the first beat's
+    products spill over beats (no residue then; the golden still decides)."""
+    bench = await start_bench(DotBench, dut, "cancel-residue")
+    fmt, g, F, rng = bench.fmt, bench.cfg.group, bench.cfg.acc_frac, bench.rng
+    sign = 1 << (fmt.width - 1)
+    _, powers = _products_by_top(fmt, rng)
+    top = 10                                   # 2**10 = 2**5 * 2**5 in every format
+    large = _power_pair(powers, top, rng)
+    for r in (1, 2, 3):
+        for j in range(4):
+            unit, small = _power_pair(powers, top - F, rng), _power_pair(powers, top - 2 * F + j,
+                                                                        rng)
+            if unit is None or small is None:
+                continue
+            first = [large, (large[0] | sign, large[1])] + [unit] * r
+            first += [(0, 0)] * (-len(first) % g)
+            pairs = first + [small]
+            bench.send_dot([a for a, _ in pairs], [b for _, b in pairs])
     await bench.drain()
     bench.check()
     bench.stop()
