@@ -274,7 +274,9 @@ class FpAccumulator:
     @property
     def term_width(self):
         """Bits of a product aligned to the beat's exponent with F fraction bits (and a zero
-        top bit): 2(M + 1) + F, at least F + 1, plus one."""
+        top bit): 2(M + 1) + F, at least F + 1, plus one. Only the low F + 1 can be set (the
+        exponent is at least the product's leading one): fp_dot's stages 2 and 3 could keep
+        those alone (docs/blocks/fp.md, mutation survivors 16 and 19)."""
         return max(2 * (self.format.man_bits + 1) + self.acc_frac, self.acc_frac + 1) + 1
 
     @property
