@@ -583,6 +583,8 @@ class FpDot(ConfiguredComponent):
                                            gap[:pick_bits]), 0))
         zero = Const(0, signed(acc.sum_width))
         products_sum = Array(shifted_sums + [zero] * ((1 << pick_bits) - W))[pick]
+        # The partial sum's term as FpAccumulator.held_term computes it for step(), in the
+        # clock-rate form of this loop (shift from B - held_e beside the comparison).
         held_bits = ceil_log2(cfg.acc_frac + 2)
         held_shift = Signal(held_bits, name="partial_shift")
         m.d.comb += held_shift.eq(Mux(ahead, 0, Mux(behind[held_bits:].any(),
