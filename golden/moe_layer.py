@@ -70,7 +70,7 @@ __all__ = ["MoELayer", "score_codes", "gate_weights", "dispatch_flits", "parse_h
            "chiplet_stream_returns", "chiplet_stream_edges",
            "gate_latency", "ChipletShape", "weight_beats", "chiplet_figures",
            "chiplet_batch_edges", "community_workload", "placements", "stream_order",
-           "RESULT_STAGES"]
+           "RESULT_STAGES", "A_SLICE_EDGES"]
 
 
 def score_codes(x, wg, acc_width, score_shift, score_width):
@@ -484,6 +484,7 @@ def _tile_pairs(start, tiles, depth, rows, last_end):
 
 
 PLAN_DEPTH = 3           # phases the chiplet plans ahead (its plan FIFO)
+A_SLICE_EDGES = 1        # the register slice between the chiplet's executor and its tile's `a`
 RESULT_STAGES = 3        # registers between the tile's output and h or a token's sum
 
 
@@ -518,8 +519,9 @@ def chiplet_batch_edges(slot_tokens, shape, tokens, loaded=None):
     starts once its group's last gate/up result row is written into h (the tile gives it out
     ``C + 2 + P + (R-1) + ceil(log2 n)`` edges after the last pair (P: the PEs' product
     registers, 1 for int, 0 in floating point), and it is written
-    ``RESULT_STAGES`` edges later), plus one edge. The tile takes one pair per edge and a
-    tile's last pair at least R edges after the previous tile's. The returns start two edges
+    ``RESULT_STAGES`` edges later), plus ``A_SLICE_EDGES + 1`` edges (the executor's register
+    slice). The tile takes one pair per edge and a tile's last pair at least R edges after the
+    previous tile's. The returns start two edges
     after the last result row is written, at the earliest three after the plan is done: H + X
     flits per token, back to back.
 
@@ -669,7 +671,9 @@ def _phase_end(ends, planned, phases, index, shape, rows, result_lag, last_gu_pa
             end = _tile_pairs(start, 2 * shape.f_chunks, shape.k_x, rows, previous)
             last_gu_pair[group] = end
         else:
-            start = max(start, last_gu_pair[group] + result_lag + 1)
+            # h is written at last_gu_pair + result_lag; the executor reads it into its
+            # register slice at the next edge, and the tile takes it at the one after.
+            start = max(start, last_gu_pair[group] + result_lag + A_SLICE_EDGES + 1)
             end = _tile_pairs(start, shape.d_chunks, shape.k_h, rows, previous)
         ends.append(end)
     return ends[index]

@@ -38,7 +38,7 @@ from golden import router as golden_router
 from hw.fparith import fp_add, fp_fields, fp_multiply, fp_scale_cast
 from hw.params import (ConfiguredComponent, TieredComponent, choice_param, int_param,
                        like_param, param_error, validate)
-from hw.pipeline import StallPipe, or_tree, requant, select
+from hw.pipeline import RegisterSlice, StallPipe, or_tree, requant, select
 from hw.registry import Block, register
 from hw.nop import NopConfig, NopTree, down_layout, up_layout
 from hw.pmu import PMU, PMUConfig, ScratchpadBanks, banks_signature
@@ -646,6 +646,15 @@ class ExpertChiplet(TieredComponent):
         if floating:
             code_fmt, fp32 = golden_fp.FORMATS[cfg.dtype], golden_fp.FORMATS["fp32"]
         tile = m.submodules.tile = SystolicTile(cfg.tile_config())
+        # The tile's `a` beats leave from a register slice: the token and beat selects that
+        # build a beat and the wire to the tile's multipliers are then in different cycles
+        # (the clock rate). A beat carries whether it ends its phase: the phase leaves the plan
+        # when the executor moves past it, but counts as planned until the tile takes that beat.
+        a_slice = m.submodules.a_slice = RegisterSlice(data.StructLayout({
+            "beat": tile.a.payload.shape(), "phase_last": 1}))
+        m.d.comb += [tile.a.valid.eq(a_slice.o.valid), tile.a.payload.eq(a_slice.o.payload.beat),
+                     a_slice.o.ready.eq(tile.a.ready)]
+        phase_in_slice = a_slice.o.valid & a_slice.o.payload.phase_last
         pmu_cfg = cfg.pmu_config()
         pmu = m.submodules.scratchpad = PMU(pmu_cfg, tier=self.tier)
         if self.tier == "top":
@@ -699,7 +708,7 @@ class ExpertChiplet(TieredComponent):
         tag_set = [Signal(name=f"tag_set_{s}", reset_less=True) for s in range(S)]
         loaded = [Signal(name=f"loaded_{s}", reset_less=True) for s in range(S)]
 
-        # Per token of the batch: id, x, chosen slots and their gates, the gate-weighted sums.
+        # Per token of the batch: id, x, the gates of the slots it chose, the gate-weighted sums.
         product_bits = cfg.acc_width + cfg.gate_width + 1
         sum_bits = product_bits + ceil_log2(min(cfg.k, S) + 1)
         # Token t of bank b is slot b*T + t.
@@ -713,7 +722,9 @@ class ExpertChiplet(TieredComponent):
         sum_shape = unsigned(32) if floating else signed(sum_bits)
         sums = [[Signal(sum_shape, name=f"sum_{t}_{d}", reset_less=True)
                  for d in range(D)] for t in range(TT)]
-        chosen = [Signal(S, name=f"chosen_{t}", reset_less=True) for t in range(TT)]
+        # The slots the packet being collected chose so far (its header flits taken before
+        # this one; read only within the packet, so one register serves every token slot).
+        chosen = Signal(S, name="packet_chosen", reset_less=True)
         # Per bank and expert slot: the token slots that chose it, in arrival order.
         members = [[[Signal(range(TT), name=f"member_{b}_{s}_{p}", reset_less=True)
                      for p in range(T)] for s in range(S)] for b in range(NB)]
@@ -728,7 +739,7 @@ class ExpertChiplet(TieredComponent):
         referenced = Signal(S)                         # a held token chose the slot
         m.d.comb += referenced.eq(Cat(*[
             Cat(*[members_len[b][s] != 0 for b in range(NB)]).any() |
-            (in_packet & select(slot_index, chosen)[s]) for s in range(S)]))
+            (in_packet & chosen[s]) for s in range(S)]))
         loading, discarding = Signal(), Signal()
         load_slot = Signal(range(S))
         load_beat = Signal(range(shape.expert_beats))
@@ -828,19 +839,19 @@ class ExpertChiplet(TieredComponent):
                     m.d.comb += [hits[s].eq(1), hit_gate[s].eq(entry[:cfg.gate_width])]
         current_chosen = Signal(S)
         m.d.comb += current_chosen.eq(
-            hits | Mux(first, 0, select(slot_index, chosen)))
+            hits | Mux(first, 0, chosen))
         packet_end = taken & down.payload.last
         with m.If(taken):
             m.d.sync += [flit.eq(Mux(flit == H + X, flit, flit + 1)), in_packet.eq(1),
                          idle.eq(0)]
             with m.If(down.payload.last != (flit == H + X - 1)):
                 m.d.sync += error.eq(1)
+            m.d.sync += chosen.eq(current_chosen)
             for t in range(TT):
                 with m.If(slot_index == t):
                     with m.If(first):
                         m.d.sync += [tok_id[t].eq(down.payload.token),
                                      *[v.eq(0) for v in x[t]], *[v.eq(0) for v in sums[t]]]
-                    m.d.sync += chosen[t].eq(current_chosen)
                     for s in range(S):
                         with m.If(hits[s]):
                             m.d.sync += gates[t][s].eq(hit_gate[s])
@@ -946,7 +957,7 @@ class ExpertChiplet(TieredComponent):
         pushed = Signal(phase_layout)
         m.d.comb += [plan.w_en.eq(push), plan.w_data.eq(pushed.as_value()),
                      jobs.w_en.eq(push), jobs.w_data.eq(pushed.as_value())]
-        room = plan.w_rdy & jobs.w_rdy
+        room = plan.w_rdy & jobs.w_rdy & ~(phase_in_slice & (plan.w_level == PLAN_DEPTH - 1))
         done_slot = group >= slot_len
         down_of_held = Signal(phase_layout)
         m.d.comb += [down_of_held.eq(held), down_of_held.down.eq(1)]
@@ -995,8 +1006,8 @@ class ExpertChiplet(TieredComponent):
             "gate": data.ArrayLayout(cfg.gate_width, R)})
         descs = m.submodules.descriptors = SyncFIFO(width=desc_layout.size,
                                                     depth=C + R + tree + 4)
-        in_flight = Signal(range(C + R + tree + 6 + golden.RESULT_STAGES))
-        gu_flight = [Signal(range(C + R + tree + 6 + golden.RESULT_STAGES),
+        in_flight = Signal(range(C + R + tree + 7 + golden.RESULT_STAGES))
+        gu_flight = [Signal(range(C + R + tree + 7 + golden.RESULT_STAGES),
                             name=f"gu_flight_{q}") for q in range(2)]
 
         # Executor: the plan's head phase, its tiles one after another.
@@ -1004,7 +1015,8 @@ class ExpertChiplet(TieredComponent):
         m.d.comb += phase.eq(plan.r_data)
         tile_index = Signal(range(max(2 * cF, cD)))
         beat = Signal(range(max(Ks, Kf)))
-        a = tile.a
+        a = a_slice.i
+        a_beat = a.payload.beat
         kind = Signal(2)                               # 0 gate, 1 up, 2 down
         chunk = Signal(range(max(cF, cD)))
         m.d.comb += [kind.eq(Mux(phase.down, 2, Mux(tile_index >= cF, 1, 0))),
@@ -1012,18 +1024,20 @@ class ExpertChiplet(TieredComponent):
                                   Mux(tile_index >= cF, tile_index - cF, tile_index)))]
         tile_beats = Mux(phase.down, Kf, Ks)
         a_last = beat == tile_beats - 1
+        phase_last = a_last & (tile_index == Mux(phase.down, cD - 1, 2 * cF - 1))
         h_ready = ~phase.down | (select(phase.parity, gu_flight) == 0)
         hbuf = [[[Signal(signed(iw), name=f"h{q}_{i}_{f}") for f in range(F)] for i in range(R)]
                 for q in range(2)]
         m.d.comb += [a.valid.eq(plan.r_rdy & h_ready & descs.w_rdy),
-                     a.payload.last.eq(a_last),
-                     tile.b.payload.last.eq(a_last), tile.b.valid.eq(pmu.r.valid),
+                     a.payload.phase_last.eq(phase_last),
+                     a_beat.last.eq(a_last),
+                     tile.b.payload.last.eq(tile.a.payload.last), tile.b.valid.eq(pmu.r.valid),
                      pmu.r.ready.eq(tile.b.ready)]
         m.d.comb += [tile.b.payload.data[v].eq(pmu.r.payload.data[v].as_signed())
                      for v in range(V)]
         if floating:                                   # unit scales: the codes are the values
             one = 127                                  # E8M0: 2**(127 - 127)
-            m.d.comb += [*[scale.eq(one) for scale in a.payload.scale],
+            m.d.comb += [*[scale.eq(one) for scale in a_beat.scale],
                          *[scale.eq(one) for scale in tile.b.payload.scale]]
         for i in range(R):
             row_ok = i < phase.rows
@@ -1035,7 +1049,7 @@ class ExpertChiplet(TieredComponent):
                 h_lane = select(beat, [Mux(phase.parity, hbuf[1][i][sl * Kf + kk],
                                            hbuf[0][i][sl * Kf + kk])
                                        if sl * Kf + kk < F else Const(0) for kk in range(Kf)])
-                m.d.comb += a.payload.data[sl * R + i].eq(
+                m.d.comb += a_beat.data[sl * R + i].eq(
                     Mux(row_ok, Mux(phase.down, h_lane, x_lane), 0))
         desc = Signal(desc_layout)
         m.d.comb += [desc.kind.eq(kind), desc.chunk.eq(chunk), desc.parity.eq(phase.parity),
@@ -1045,7 +1059,7 @@ class ExpertChiplet(TieredComponent):
                      descs.w_data.eq(desc.as_value())]
         a_taken = a.valid & a.ready
         tile_done = a_taken & a_last
-        phase_done = tile_done & (tile_index == Mux(phase.down, cD - 1, 2 * cF - 1))
+        phase_done = a_taken & phase_last
         m.d.comb += [descs.w_en.eq(tile_done), plan.r_en.eq(phase_done)]
         with m.If(a_taken):
             m.d.sync += beat.eq(Mux(a_last, 0, beat + 1))

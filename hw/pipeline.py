@@ -1,5 +1,5 @@
-"""Helpers shared by pipelined blocks: stall-able registers, the output queue, a skid slice,
-lane layouts."""
+"""Helpers shared by pipelined blocks: stall-able registers, the output queue, a skid slice, a
+register slice, lane layouts."""
 
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
@@ -10,7 +10,7 @@ from amaranth.lib.wiring import In, Out
 
 from golden.fixed import signed_limits
 
-__all__ = ["StallPipe", "OutputQueue", "SkidSlice", "OUT_FIFO_DEPTH", "lanes_layout", "saturate",
+__all__ = ["StallPipe", "OutputQueue", "SkidSlice", "RegisterSlice", "OUT_FIFO_DEPTH", "lanes_layout", "saturate",
            "select", "or_tree", "sum_tree", "max_tree", "leading_one", "leading_one_tree",
            "requant", "requant_shift", "requant_round"]
 
@@ -303,4 +303,32 @@ class SkidSlice(wiring.Component):
                 m.d.sync += full.eq(0)
         with m.Else():
             m.d.sync += [kept.eq(self.i.payload), full.eq(self.i.valid & ~self.o.ready)]
+        return m
+
+
+class RegisterSlice(wiring.Component):
+    """A stream slice that registers ``valid`` and the payload: one edge of latency, one flit
+    per cycle (it is refilled at the edge its flit leaves). The receiver's inputs then come
+    from flip-flops, so the logic that computes a flit and the wire to the receiver are in
+    different cycles. ``i.ready`` is ``~o.valid | o.ready`` (combinational from the receiver).
+    Written by hand: amaranth.lib.stream has no register slice.
+
+    Members
+    -------
+    i : In(stream.Signature(shape))
+    o : Out(stream.Signature(shape))
+        Reset: empty (``o.valid`` low); the payload register keeps its value (it is read only
+        with ``o.valid``).
+    """
+
+    def __init__(self, shape):
+        self._shape = shape
+        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
+
+    def elaborate(self, platform):
+        m = Module()
+        payload = Signal(self._shape, name="held", reset_less=True)
+        m.d.comb += [self.i.ready.eq(~self.o.valid | self.o.ready), self.o.payload.eq(payload)]
+        with m.If(self.i.ready):
+            m.d.sync += [self.o.valid.eq(self.i.valid), payload.eq(self.i.payload)]
         return m
