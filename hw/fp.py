@@ -22,12 +22,13 @@ cycle (the floating-point PEs, g = 1); ``fp_dot`` pipelines the same steps over 
    FP32 accumulator, added in an 80-bit field with a sticky bit and rounded once to FP32.
 
 The pipeline (stage: what its register holds): 1, the products; 2, each product aligned to
-the beat's own largest exponent B (at least -126); 3, for every further shift d = 0..W-1 the
-beat's sum with each term shifted right by d and truncated, from bit-column counts (a
-product aligned to E = max(B, partial sum's) is its B-aligned value shifted by E - B, since
-floor(floor(x) / 2**d) = floor(x / 2**d)); 4, the partial sum: the loop picks the sum for
-d = E - B, adds the aligned partial sum and renormalizes (steps 2 to 4); 5, the partial sum
-times its scales; 6, the FP32 loop (step 5) and the output register.
+the beat's own largest exponent B (at least -126), in F + 1 bits (B is at least each
+product's leading-bit exponent); 3, for every further shift d = 0..F the beat's sum with each
+term shifted right by d and truncated, from bit-column counts (a product aligned to E =
+max(B, partial sum's) is its B-aligned value shifted by E - B, since floor(floor(x) / 2**d) =
+floor(x / 2**d)); 4, the partial sum: the loop picks the sum for d = E - B (none past F: zero),
+adds the aligned partial sum and renormalizes (steps 2 to 4); 5, the partial sum times its
+scales; 6, the FP32 loop (step 5) and the output register.
 """
 
 import dataclasses
@@ -274,9 +275,9 @@ class FpAccumulator:
     @property
     def term_width(self):
         """Bits of a product aligned to the beat's exponent with F fraction bits (and a zero
-        top bit): 2(M + 1) + F, at least F + 1, plus one. Only the low F + 1 can be set (the
-        exponent is at least the product's leading one): fp_dot's stages 2 and 3 could keep
-        those alone (docs/blocks/fp.md, mutation survivors 16 and 19)."""
+        top bit): 2(M + 1) + F, at least F + 1, plus one. Aligned to an exponent at least the
+        product's leading one, only the low F + 1 can be set: fp_dot's stages 2 and 3 keep
+        those alone."""
         return max(2 * (self.format.man_bits + 1) + self.acc_frac, self.acc_frac + 1) + 1
 
     @property
@@ -509,7 +510,10 @@ class FpDot(ConfiguredComponent):
         m = Module()
         cfg = self.config
         acc = FpAccumulator(m, cfg.dtype, cfg.group, cfg.acc_frac, cfg.scale_format)
-        W, E = acc.term_width, ACC_EXPONENT_BITS + 2
+        # Products aligned to the beat's exponent B keep F + 1 bits: B is at least every
+        # product's leading-bit exponent, so the bits above (term_width has them for step(),
+        # whose alignment exponent is not known before the products) are always zero.
+        W, E = cfg.acc_frac + 1, ACC_EXPONENT_BITS + 2
         emin = Const(golden.ACC_EMIN, signed(E))
 
         # The whole pipeline moves together, stalled only by a full output register.
@@ -553,8 +557,8 @@ class FpDot(ConfiguredComponent):
         beat_top = Signal(signed(E), name="beat_top")
         m.d.comb += beat_top.eq(max_tree(m, [top for *_, top in lanes] + [emin], "beat_top"))
         aligned = [(pipe.reg(sign, f"s2_p{i}_sign"),
-                    pipe.reg(acc.aligned_product(magnitude, exponent, beat_top, f"s1_p{i}"),
-                             f"s2_p{i}_aligned"))
+                    pipe.reg(acc.aligned_product(magnitude, exponent, beat_top,
+                                                 f"s1_p{i}")[:W], f"s2_p{i}_aligned"))
                    for i, (sign, magnitude, exponent, _) in enumerate(lanes)]
         top2 = pipe.reg(beat_top, "s2_beat_top")
 
