@@ -207,9 +207,11 @@ async def test_one_special_in_each_lane(dut):
 
 
 def _products_by_top(fmt, rng, operands=400):
-    """``{t: (a, b)}``: for every exponent t = floor(log2 |a*b|) that products of finite
-    nonzero positive codes reach, one pair at random (every code for FP8; for BF16 a sample
-    of 400 codes with the smallest and largest). And ``{x: code}`` of the exact powers of two."""
+    """``{(t, l): (a, b)}``: for every exponent t = floor(log2 |a*b|) that products of finite
+    nonzero positive codes reach, and every leading-bit position l of the integer product of
+    their significands that reaches t (what a lane's leading-one search sees: subnormal
+    operands put it low), one pair at random (every code for FP8; for BF16 a sample of 400
+    codes with the smallest and largest). And ``{x: code}`` of the exact powers of two."""
     codes = [c for c in range(1, 1 << (fmt.width - 1))
              if golden.components(c, fmt)[0] == "num"]
     if len(codes) > operands:
@@ -218,13 +220,14 @@ def _products_by_top(fmt, rng, operands=400):
     for a in codes:
         for b in codes:
             top = math.frexp(golden.decode(a, fmt) * golden.decode(b, fmt))[1] - 1
-            by_top.setdefault(top, []).append((a, b))
+            lead = (golden.components(a, fmt)[2] * golden.components(b, fmt)[2]).bit_length() - 1
+            by_top.setdefault((top, lead), []).append((a, b))
     powers = {}
     for c in range(1, 1 << (fmt.width - 1)):
         value = golden.decode(c, fmt)
         if golden.components(c, fmt)[0] == "num" and math.frexp(value)[0] == 0.5:
             powers[math.frexp(value)[1] - 1] = c
-    return {t: rng.choice(pairs) for t, pairs in by_top.items()}, powers
+    return {key: rng.choice(pairs) for key, pairs in by_top.items()}, powers
 
 
 def _power_pair(powers, x, rng):
@@ -239,26 +242,28 @@ def _power_pair(powers, x, rng):
 @cocotb.test()
 async def test_each_lane_leads(dut):
     """Each lane in turn holds the beat's largest product, at every exponent t its leading bit
-    can take (a sample of 64 for BF16), beside the smallest unit the accumulator keeps below
-    it, 2**(t - F), or the largest it drops, 2**(t - F - 1) (a product of two powers of two
-    in the next lane; with g = 1, the beat before): a lane whose leading-one search or top
-    exponent were off would align the beat to a wrong exponent, dropping that unit or keeping
-    one that should go (and alone, where the unit is below the format's smallest product, it
-    would come out at a wrong exponent). Random signs; every result equals the golden dot
-    product."""
+    can take and (FP8) every position of the leading bit of its significands' product that
+    reaches t (for BF16 a sample of 64 pairs), beside the smallest unit the accumulator keeps
+    below it, 2**(t - F), or the largest it drops, 2**(t - F - 1) (a product of two powers of
+    two in the next lane; with g = 1, the beat before): a lane whose leading-one search or
+    top exponent were off would align the beat to a wrong exponent, dropping that unit or
+    keeping one that should go (and alone, where the unit is below the format's smallest
+    product, it would come out at a wrong exponent). Random signs; every result equals the
+    golden dot product. (The leading-bit positions kill fp_dot's mutant 11 of 2026-11-29:
+    lane 31's search reporting 5 for a product of 16 to 31.)"""
     bench = await start_bench(DotBench, dut, "leads")
     fmt, g, F = bench.fmt, bench.cfg.group, bench.cfg.acc_frac
     rng = bench.rng
     sign = 1 << (fmt.width - 1)
     by_top, powers = _products_by_top(fmt, rng)
-    tops = sorted(by_top)
-    if len(tops) > 64:
-        tops = sorted({tops[0], tops[-1], -1, 0, *rng.sample(tops, 60)} & set(tops))
+    keys = sorted(by_top)
+    if len(keys) > 400:                                # BF16: a sample, the ends included
+        keys = sorted({keys[0], keys[-1], *rng.sample(keys, 62)})
 
     for lane in range(g):
-        for top in tops:
+        for top, lead in keys:
             for drop in (0, 1, None):
-                a, b = by_top[top]
+                a, b = by_top[top, lead]
                 a ^= rng.choice((0, sign))
                 unit = (0, 0) if drop is None else _power_pair(powers, top - F - drop, rng)
                 if unit is None:
