@@ -216,11 +216,12 @@ def _products_by_top(fmt, rng, operands=400):
              if golden.components(c, fmt)[0] == "num"]
     if len(codes) > operands:
         codes = sorted({codes[0], codes[-1], *rng.sample(codes, operands - 2)})
+    significand = {c: golden.components(c, fmt)[2] for c in codes}
     by_top = {}
     for a in codes:
         for b in codes:
             top = math.frexp(golden.decode(a, fmt) * golden.decode(b, fmt))[1] - 1
-            lead = (golden.components(a, fmt)[2] * golden.components(b, fmt)[2]).bit_length() - 1
+            lead = (significand[a] * significand[b]).bit_length() - 1
             by_top.setdefault((top, lead), []).append((a, b))
     powers = {}
     for c in range(1, 1 << (fmt.width - 1)):

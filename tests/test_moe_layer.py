@@ -581,7 +581,6 @@ def test_register_slice_keeps_order_one_edge_late_at_full_rate(gaps):
                 taken_at.append(cycle)
                 value = (value + 1) % 256
             await ctx.tick()
-        return sent
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
