@@ -579,8 +579,8 @@ class FpDot(ConfiguredComponent):
         largest = Signal(signed(E), name="largest")
         m.d.comb += largest.eq(Mux(ahead, held_e, top3))
         # Shifts clamped by their high bits, not by comparisons: the products' sums padded
-        # with zeros to a power of two (a shift of W or more leaves none), the partial sum's
-        # F + 1 bits cleared by any shift of 2**k - 1 >= F + 1.
+        # with zeros to a power of two (a shift of W = F + 1 or more leaves none), the partial
+        # sum's F + 1 bits cleared by any shift of 2**k - 1 >= F + 1: one clamp width for both.
         pick_bits = ceil_log2(W + 1)
         pick = Signal(pick_bits, name="products_shift")
         m.d.comb += pick.eq(Mux(ahead, Mux(gap[pick_bits:].any(), (1 << pick_bits) - 1,
@@ -589,7 +589,7 @@ class FpDot(ConfiguredComponent):
         products_sum = Array(shifted_sums + [zero] * ((1 << pick_bits) - W))[pick]
         # The partial sum's term as FpAccumulator.held_term computes it for step(), in the
         # clock-rate form of this loop (shift from B - held_e beside the comparison).
-        held_bits = ceil_log2(cfg.acc_frac + 2)
+        held_bits = pick_bits
         held_shift = Signal(held_bits, name="partial_shift")
         m.d.comb += held_shift.eq(Mux(ahead, 0, Mux(behind[held_bits:].any(),
                                                     (1 << held_bits) - 1, behind[:held_bits])))
