@@ -1,5 +1,5 @@
 """Helpers shared by pipelined blocks: stall-able registers, the output queue, a skid slice, a
-register slice, lane layouts."""
+register slice, a registered-head FIFO, lane layouts."""
 
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
@@ -10,9 +10,9 @@ from amaranth.lib.wiring import In, Out
 
 from golden.fixed import signed_limits
 
-__all__ = ["StallPipe", "OutputQueue", "SkidSlice", "RegisterSlice", "OUT_FIFO_DEPTH",
-           "lanes_layout", "saturate", "select", "or_tree", "sum_tree", "max_tree",
-           "leading_one", "leading_one_tree", "requant", "requant_shift", "requant_round"]
+__all__ = ["StallPipe", "OutputQueue", "SkidSlice", "RegisterSlice", "RegisteredHeadFIFO",
+           "OUT_FIFO_DEPTH", "lanes_layout", "saturate", "select", "or_tree", "sum_tree",
+           "max_tree", "leading_one", "leading_one_tree", "requant", "requant_shift", "requant_round"]
 
 # Depth of an output queue. Two entries suffice for full throughput: a pipeline writes at most
 # one beat per cycle and a ready consumer reads one per cycle, so the level never exceeds one.
@@ -331,4 +331,61 @@ class RegisterSlice(wiring.Component):
         m.d.comb += [self.i.ready.eq(~self.o.valid | self.o.ready), self.o.payload.eq(payload)]
         with m.If(self.i.ready):
             m.d.sync += [self.o.valid.eq(self.i.valid), payload.eq(self.i.payload)]
+        return m
+
+
+class RegisteredHeadFIFO(wiring.Component):
+    """A queue with the timing and ports of amaranth.lib.fifo.SyncFIFO whose head is a
+    register: an entry becomes the head at the edge the previous one leaves (``r_en``) or, if
+    it is written after that, at its write's edge (SyncFIFOBuffered, also with a registered
+    head, takes an edge more). The entries behind the head wait in a SyncFIFO whose asynchronous
+    read feeds only the head register, so neither the head's readers nor the writer's logic
+    pass through a memory port in the cycle they are computed. Written by hand:
+    amaranth.lib.fifo has no registered-head FIFO of SyncFIFO's timing.
+
+    Parameters
+    ----------
+    width : int
+        Bits per entry.
+    depth : int
+        Entries held, the head included (at least 2).
+
+    Members
+    -------
+    w_data : In(width)
+    w_en : In(1)
+        An entry is written at the edge if ``w_rdy``; a write while ``w_rdy`` is low is ignored.
+    w_rdy : Out(1)
+        Fewer than ``depth`` entries are held (as in SyncFIFO, the head's leaving at the same
+        edge is not counted, so ``w_rdy`` never depends on ``r_en``).
+    r_data : Out(width)
+        The head entry, a register; valid while ``r_rdy``.
+    r_rdy : Out(1)
+        There is a head entry. Reset: empty.
+    r_en : In(1)
+        The head leaves at the edge.
+    r_level : Out(range(depth + 1))
+        Entries held.
+    """
+
+    def __init__(self, *, width, depth):
+        if depth < 2:
+            raise ValueError(f"depth: {depth}; allowed: an integer >= 2")
+        self.width, self.depth = width, depth
+        super().__init__({"w_data": In(width), "w_en": In(1), "w_rdy": Out(1),
+                          "r_data": Out(width), "r_rdy": Out(1), "r_en": In(1),
+                          "r_level": Out(range(depth + 1))})
+
+    def elaborate(self, platform):
+        m = Module()
+        behind = m.submodules.behind = SyncFIFO(width=self.width, depth=self.depth - 1)
+        head = Signal(self.width, name="head", reset_less=True)   # read only with r_rdy
+        free = ~self.r_rdy | self.r_en              # the head register is loaded at the edge
+        direct = free & ~behind.r_rdy               # a write goes straight to the head
+        m.d.comb += [behind.w_data.eq(self.w_data), behind.w_en.eq(self.w_en & ~direct),
+                     behind.r_en.eq(free), self.w_rdy.eq(behind.w_rdy),
+                     self.r_data.eq(head), self.r_level.eq(self.r_rdy + behind.r_level)]
+        with m.If(free):
+            m.d.sync += [self.r_rdy.eq(behind.r_rdy | self.w_en),
+                         head.eq(Mux(behind.r_rdy, behind.r_data, self.w_data))]
         return m

@@ -17,23 +17,23 @@ from functools import reduce
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2, exact_log2
 
 from golden import pmu as golden
 from hw.params import ConfiguredComponent, TieredComponent, int_param, param_error, validate
-from hw.pipeline import OutputQueue, max_tree, sum_tree
+from hw.pipeline import OutputQueue, RegisteredHeadFIFO, max_tree, sum_tree
 from hw.registry import Block, register
 
 __all__ = ["PMUConfig", "PMU", "AddressGenerator", "ScratchpadBanks", "banks_signature",
            "job_layout"]
 
 JOB_QUEUE_DEPTH = 2   # the running job is latched; one more waits in the queue
-# Decoded accesses: the two registers in flight, the queue's own register before its head, the
-# current one, and one for the edge a freed entry takes to reach the loop nest (so one access
-# per cycle is sustained).
+# Decoded accesses: the three registers in flight (addresses, decode, ranks), one waiting behind
+# the head, the current one (the head), and one for the edge a freed entry takes to reach the
+# loop nest (so one access per cycle is sustained).
 ACCESS_QUEUE_DEPTH = 5
 READ_FIFO_DEPTH = 5   # read results in flight (2) + buffered; keeps a ready consumer at 1/cycle
 
@@ -148,9 +148,10 @@ class AddressGenerator(ConfiguredComponent):
 
     A job descriptor taken on ``job`` waits in a 2-entry queue and is latched by the loop nest
     when the nest is free (the cycle after it generated the previous job's last access, so jobs
-    chain with no idle cycle). The nest generates one access per cycle through two registers
-    (the lanes' addresses; their bank, offset and validity) into a 5-entry queue of accesses
-    with their lanes' ranks and cost, whose head (a register) is the *current* access, held
+    chain with no idle cycle). The nest generates one access per cycle through three registers
+    (the lanes' addresses; their bank, offset and validity; their ranks and cost) into a
+    5-entry queue of accesses (counting its head and the registers), whose head (a register,
+    loaded at the edge after the rank register) is the *current* access, held
     until ``advance`` says it completed. The nest generates only while that queue has an entry
     for the access, so the registers never stall (clock rate: a stalling pipeline's enable, from
     ``advance`` through every stage into the loop's registers, was the critical path; before the
@@ -350,17 +351,24 @@ class AddressGenerator(ConfiguredComponent):
                                    "offset": self.lane_offset.shape(),
                                    "rank": self.lane_rank.shape(),
                                    "last_step": self.last_step.shape()})
-        accesses = m.submodules.accesses = SyncFIFOBuffered(width=entry.size,
-                                                            depth=ACCESS_QUEUE_DEPTH)
-        written, head_access = Signal(entry), entry(accesses.r_data)
-        m.d.comb += [written.last.eq(decoded_last), written.valid.eq(lane_valid),
-                     written.bank.eq(lane_bank), written.offset.eq(lane_offset),
-                     written.last_step.eq(last_step),
-                     *[written.rank[v].eq(ranks[v]) for v in range(V)],
-                     accesses.w_data.eq(written), accesses.w_en.eq(decoded),
+        # Stage 3: the ranks and cost, registered, then written into a queue whose head, a
+        # register, they reach at the next edge: the same two edges from the decode register to
+        # the head as a SyncFIFOBuffered written from the decode directly (clock rate: the
+        # ranks' compares ran into its memory's write port).
+        ranked = Signal()               # the rank register holds an access
+        written = Signal(entry, name="ranked_access")
+        m.d.sync += [ranked.eq(decoded), written.last.eq(decoded_last),
+                     written.valid.eq(lane_valid), written.bank.eq(lane_bank),
+                     written.offset.eq(lane_offset), written.last_step.eq(last_step),
+                     *[written.rank[v].eq(ranks[v]) for v in range(V)]]
+        accesses = m.submodules.accesses = RegisteredHeadFIFO(width=entry.size,
+                                                              depth=ACCESS_QUEUE_DEPTH)
+        head_access = entry(accesses.r_data)
+        m.d.comb += [accesses.w_data.eq(written), accesses.w_en.eq(ranked),
                      accesses.r_en.eq(self.advance)]
         # Busy while the job has an access anywhere: the nest, the registers or the queue.
-        m.d.comb += self.busy.eq(generating | addressed | decoded | (accesses.r_level != 0))
+        m.d.comb += self.busy.eq(generating | addressed | decoded | ranked
+                                 | (accesses.r_level != 0))
         # The outputs are assigned, not connected, so that a subclass can override one
         # (tests/test_formal.py breaks a rank).
         m.d.comb += [self.current.eq(accesses.r_rdy), self.last_access.eq(head_access.last),

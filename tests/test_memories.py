@@ -27,13 +27,9 @@ def test_sram_macros_replace_the_synchronous_memories(tmp_path):
     block = get_block("pmu")
     v_path, _, info = generate(block, block.config(), tmp_path, sram=True)
     sram = info["sram"]
-    # The 8 banks, then each address generator's access queue (a SyncFIFOBuffered: 4 stored
-    # words of an access's 108 bits, docs/toolchain.md).
-    queues = [f"{port}_agen.accesses.storage.macro" for port in ("read", "write")]
-    assert [m["path"] for m in sram["macros"]] == \
-        [f"banks.bank{b}.macro" for b in range(8)] + queues
-    assert {m["macro"] for m in sram["macros"]} == {"moegen_sram_64x16_1r1w",
-                                                    "moegen_sram_4x108_1r1w"}
+    # The 8 banks (the address generators' queues are read asynchronously: kept, below).
+    assert [m["path"] for m in sram["macros"]] == [f"banks.bank{b}.macro" for b in range(8)]
+    assert {m["macro"] for m in sram["macros"]} == {"moegen_sram_64x16_1r1w"}
     assert all((m["depth"], m["width"], m["read_ports"], m["transparent"]) == (64, 16, 1, False)
                for m in sram["macros"][:8])
     assert sram["macros"][0]["ports"] == [
@@ -44,8 +40,11 @@ def test_sram_macros_replace_the_synchronous_memories(tmp_path):
         {"name": "r0_en", "direction": "in", "width": 1},
         {"name": "r0_addr", "direction": "in", "width": 6},
         {"name": "r0_data", "direction": "out", "width": 16}]
-    # The job queues and the read FIFO are read asynchronously: kept, with the reason.
-    assert len(sram["kept"]) == 3 and all("asynchronous" in k["reason"] for k in sram["kept"])
+    # The job queues (2 × 188), the entries behind the access queues' heads (4 × 108 each) and
+    # the read FIFO (5 × 137) are read asynchronously: kept, with the reason.
+    assert sorted((k["depth"], k["width"]) for k in sram["kept"]) == \
+        [(2, 188), (2, 188), (4, 108), (4, 108), (5, 137)]
+    assert all("asynchronous" in k["reason"] for k in sram["kept"])
     text = v_path.read_text()
     assert not re.search(r"reg \[15:0\] bank\d \[", text)        # no bank array left
     assert len(re.findall(r"^\s*moegen_sram_64x16_1r1w macro \(", text, re.M)) == 8
@@ -55,6 +54,19 @@ def test_sram_macros_replace_the_synchronous_memories(tmp_path):
     core = next(p for p in write_package(block, info, tmp_path) if p.suffix == ".core")
     text = core.read_text()
     assert "name: moegen:blocks:pmu-sram:" in text and "      - pmu_sram.v" in text
+
+
+def test_each_macro_shape_gets_one_model(tmp_path):
+    """ndp_core's four memories are four shapes (one with byte granules): four models."""
+    block = get_block("ndp_core")
+    _, _, info = generate(block, block.config(), tmp_path, sram=True)
+    macros = {m["path"]: m["macro"] for m in info["sram"]["macros"]}
+    assert macros == {"h_buffer.macro": "moegen_sram_32x512_1r1w_b8",
+                      "lut_table.macro": "moegen_sram_256x8_1r1w",
+                      "out_fifo.storage.macro": "moegen_sram_16x33_1r1w",
+                      "x_buffer.macro": "moegen_sram_128x512_1r1w"}
+    models = (tmp_path / info["sram"]["models"]).read_text()
+    assert all(models.count(f"module {name} (") == 1 for name in macros.values())
 
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
