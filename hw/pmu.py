@@ -150,10 +150,10 @@ class AddressGenerator(ConfiguredComponent):
     when the nest is free (the cycle after it generated the previous job's last access, so jobs
     chain with no idle cycle). The nest generates one access per cycle through three registers
     (the lanes' addresses; their bank, offset and validity; their ranks and cost) into a
-    5-entry queue of accesses (counting its head and the registers), whose head (a register,
-    loaded at the edge after the rank register) is the *current* access, held
-    until ``advance`` says it completed. The nest generates only while that queue has an entry
-    for the access, so the registers never stall (clock rate: a stalling pipeline's enable, from
+    queue of accesses whose head (a register, loaded at the edge after the rank register or at
+    the edge the previous access leaves) is the *current* access, held until ``advance`` says
+    it completed. The nest generates only while fewer than ACCESS_QUEUE_DEPTH accesses are in
+    the registers and the queue, so the registers never stall (clock rate: a stalling pipeline's enable, from
     ``advance`` through every stage into the loop's registers, was the critical path; before the
     pipeline, the loop, the decode, the ranks and the access's completion were one path:
     43.7 MHz on the ECP5-85F). A job latched at edge s has its first access current from edge
