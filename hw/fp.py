@@ -538,10 +538,20 @@ class FpDot(ConfiguredComponent):
             if cfg.chunk_beats:
                 m.d.sync += beat_index.eq(Mux(promote, 0, beat_index + 1))
 
+        # A stage's data registers have no reset: they are read only with the stage's valid
+        # flag, which reset clears, and the stage's next beat overwrites them.
+        def data(value, name):
+            return pipe.reg(value, name, reset_less=True)
+
         def carry(values, name, stages):
-            """``values`` (a dict) delayed by ``stages`` pipeline registers."""
-            return {key: pipe.delay(value, stages, f"{name}_{key}")
-                    for key, value in values.items()}
+            """``values`` (a dict) delayed by ``stages`` pipeline registers (only ``valid``
+            reset)."""
+            carried = {}
+            for key, value in values.items():
+                for stage in range(stages):
+                    value = pipe.reg(value, f"{name}_{key}_d{stage}", reset_less=key != "valid")
+                carried[key] = value
+            return carried
 
         control = {"valid": self.inp.valid, "first": first, "dot_first": dot_first,
                    "promote": promote, "last": beat.last}
@@ -549,24 +559,24 @@ class FpDot(ConfiguredComponent):
 
         # Stage 1: products (step 1).
         products, flags = acc.products(beat.a, beat.b)
-        lanes = [tuple(pipe.reg(value, f"s1_p{i}_{key}") for key, value in
+        lanes = [tuple(data(value, f"s1_p{i}_{key}") for key, value in
                        zip(("sign", "m", "x", "top"), product))
                  for i, product in enumerate(products)]
 
         # Stage 2: each product aligned to the beat's largest exponent B (at least -126).
         beat_top = Signal(signed(E), name="beat_top")
         m.d.comb += beat_top.eq(max_tree(m, [top for *_, top in lanes] + [emin], "beat_top"))
-        aligned = [(pipe.reg(sign, f"s2_p{i}_sign"),
-                    pipe.reg(acc.aligned_product(magnitude, exponent, beat_top,
-                                                 f"s1_p{i}")[:W], f"s2_p{i}_aligned"))
+        aligned = [(data(sign, f"s2_p{i}_sign"),
+                    data(acc.aligned_product(magnitude, exponent, beat_top, f"s1_p{i}")[:W],
+                         f"s2_p{i}_aligned"))
                    for i, (sign, magnitude, exponent, _) in enumerate(lanes)]
-        top2 = pipe.reg(beat_top, "s2_beat_top")
+        top2 = data(beat_top, "s2_beat_top")
 
         # Stage 3: the beat's sums for every further right shift d the partial sum may force
         # (next stage), so that the loop selects one instead of shifting and adding g terms.
-        shifted_sums = [pipe.reg(value, f"s3_sum{d}")
+        shifted_sums = [data(value, f"s3_sum{d}")
                         for d, value in enumerate(_shifted_sums(m, aligned, W, acc.sum_width))]
-        top3 = pipe.reg(top2, "s3_beat_top")
+        top3 = data(top2, "s3_beat_top")
 
         # Stage 4, the partial-sum loop (steps 2 to 4): the alignment exponent is the larger of
         # B and the partial sum's; past B by d, the products' sum is the one shifted by d.
@@ -608,7 +618,7 @@ class FpDot(ConfiguredComponent):
         c5 = carry(control, "s5", 4)
         f5 = carry(dict(zip(("bad", "sign", "m", "x"), factor)), "s5_scales", 4)
         flags5 = carry(dict(zip(("nan", "inf_pos", "inf_neg"), flags)), "s5_flags", 4)
-        scaled = [pipe.reg(value, f"s5_scaled_{key}") for key, value in
+        scaled = [data(value, f"s5_scaled_{key}") for key, value in
                   zip(("sign", "m", "x", "top"), acc._scaled(acc.acc_sign, acc.acc_m, acc.acc_e,
                                                       (f5["bad"], f5["sign"], f5["m"],
                                                        f5["x"])))]
@@ -616,8 +626,8 @@ class FpDot(ConfiguredComponent):
         # Stage 6, the FP32 loop (step 5 and the specials), into the output register.
         c6 = carry(control, "s6", 5)
         updates, result = acc.promotion(
-            scaled, pipe.reg(f5["bad"], "s6_scales_bad"),
-            [pipe.reg(flag, f"s6_{key}") for key, flag in flags5.items()],
+            scaled, data(f5["bad"], "s6_scales_bad"),
+            [data(flag, f"s6_{key}") for key, flag in flags5.items()],
             c6["dot_first"], c6["promote"], c6["last"])
         with m.If(advance & c6["valid"]):
             m.d.sync += updates
