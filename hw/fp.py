@@ -327,12 +327,16 @@ class FpAccumulator:
         """The product of a beat's two scales: ``(NaN or infinite, sign, mantissa, exponent
         of its last bit)``, exact (FP32: 48 bits; E8M0: the mantissa is 1)."""
         m, p = self.m, self.prefix
-        a_nan, a_inf, a_sign, a_m, a_x = self._scale(scale_a, f"{p}scale_a")
-        b_nan, b_inf, b_sign, b_m, b_x = self._scale(scale_b, f"{p}scale_b")
+        _, _, a_sign, a_m, a_x = self._scale(scale_a, f"{p}scale_a")
+        _, _, b_sign, b_m, b_x = self._scale(scale_b, f"{p}scale_b")
         mantissa = Signal(len(a_m) + len(b_m), name=f"{p}scales_m")
         exponent = Signal(signed(11), name=f"{p}scales_x")
         m.d.comb += [mantissa.eq(a_m * b_m), exponent.eq(a_x + b_x)]
-        return a_nan | a_inf | b_nan | b_inf, a_sign ^ b_sign, mantissa, exponent
+        # NaN or infinite: the exponent field all ones, whatever the mantissa (one compare, not
+        # the NaN and infinity tests ORed, whose mantissa terms cancel).
+        top = 31 if self.scale_format == "fp32" else 8
+        special = (scale_a[top - 8:top] == 255) | (scale_b[top - 8:top] == 255)
+        return special, a_sign ^ b_sign, mantissa, exponent
 
     def _scaled(self, sign, mantissa, exponent, factor):
         """A partial sum (sign, F + 1-bit mantissa, exponent) times a scale factor
