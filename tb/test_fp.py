@@ -366,6 +366,39 @@ async def test_promotion_cancels_to_every_depth(dut):
 
 
 @cocotb.test()
+async def test_promotion_ties_round_to_even(dut):
+    """Promotions whose exact result lies halfway between two FP32 values, the lower one even:
+    round to nearest even keeps the lower, and any bit the rounding's sticky term wrongly
+    counts (one not shifted out) rounds it up. A dot of 1 * 1 (a partial sum of 1) with scales
+    A * B of 25 to 29 significant bits: B a subnormal scale whose mantissa is 3 to 63 (not a
+    power of two) times 2**j, j in 0, 7, 14; A normal, its mantissa the first from 2**23 that
+    makes the tie (guard at bit 0 to 4 of A * B, then j higher); A's exponent random in 30..120,
+    with a random sign (FP32 scales only: E8M0 scales are powers of two, so a partial sum
+    times them is exact)."""
+    bench = await start_bench(DotBench, dut, "ties")
+    if bench.cfg.scale_format != "fp32":
+        bench.stop()
+        return
+    one, rng = golden.encode(1.0, bench.fmt), bench.rng
+    for b_m in (b for b in range(3, 64) if b & (b - 1)):
+        a_m = next(a for a in range(1 << 23, 1 << 24)
+                   if (a * b_m) % (1 << ((a * b_m).bit_length() - 23))
+                   == 1 << ((a * b_m).bit_length() - 25))
+        for j in (0, 7, 14):
+            sign = rng.choice((1.0, -1.0))
+            scale_a = sign * a_m * 2.0 ** (rng.randint(30, 120) - 23)
+            scale_b = (b_m << j) * 2.0 ** -149                # FP32 subnormal
+            exact = scale_a * scale_b                           # < 53 bits: exact in a double
+            result = golden.decode(golden.dot([one], [one], bench.fmt, bench.fmt,
+                                              bench.dot_config, [scale_a], [scale_b]), "fp32")
+            assert abs(result) < abs(exact), "the case is not a tie that rounds down"
+            bench.send_dot([one], [one], [scale_a], [scale_b])
+    await bench.drain()
+    bench.check()
+    bench.stop()
+
+
+@cocotb.test()
 async def test_reset_mid_dot(dut):
     """Reset with a dot product half taken and results waiting: afterwards only the new dot
     products come out, each from a fresh accumulator."""

@@ -214,7 +214,7 @@ SIM_CONFIGS = [
     {"dtype": "fp8_e5m2", "group": 3, "acc_frac": 4, "promote_every": 0},
     {"dtype": "bf16", "group": 1, "acc_frac": 24, "promote_every": 64, "scale_format": "e8m0"},
 ]
-COCOTB_TESTS = 12
+COCOTB_TESTS = 13
 
 
 @pytest.mark.parametrize("simulator", SIMULATORS)
