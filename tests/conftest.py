@@ -37,3 +37,27 @@ def two_d_params(configs, lockstep):
 @pytest.fixture(params=SIMULATORS)
 def simulator(request):
     return request.param
+
+
+def on_off_pattern(rng, kind, length, high=0.6):
+    """Per cycle, whether a valid (or a ready) is high: ``none`` (always), ``random`` (each
+    cycle with probability ``high``), or ``bursts`` (runs of 10 to 80 cycles, each run high
+    with probability ``high``): the stall profiles of the hw.pipeline unit tests."""
+    if kind == "none":
+        return [True] * length
+    if kind == "random":
+        return [rng.random() < high for _ in range(length)]
+    out = []
+    while len(out) < length:
+        out += [rng.random() < high] * rng.randint(10, 80)
+    return out[:length]
+
+
+def run_amaranth(top, testbench):
+    """Run ``testbench`` (an async function of the context) on ``top`` in Amaranth's own
+    simulator, with a clock: the unit tests of hw.pipeline's small components."""
+    from amaranth.sim import Simulator
+    sim = Simulator(top)
+    sim.add_clock(1e-8)
+    sim.add_testbench(testbench)
+    sim.run()

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import config_id, run_block, two_d_params
+from conftest import config_id, on_off_pattern, run_amaranth, run_block, two_d_params
 from flows.demo import FP8_LAYER
 from flows.verilog import NOT_INLINED, convert, generate
 from golden import moe_layer as golden
@@ -541,24 +541,11 @@ def test_register_slice_keeps_order_one_edge_late_at_full_rate(gaps):
     """Every flit leaves once, in order, one edge after it is taken; while a flit waits its
     valid stays high and its payload stable; with no gaps and no stalls one flit leaves per
     cycle (the chiplet's reset mid-batch is tb/test_moe_layer_chiplet.py's)."""
-    from amaranth.sim import Simulator
-
     from hw.pipeline import RegisterSlice
     dut = RegisterSlice(8)
     rng = random.Random(gaps)
     cycles = 600
-
-    def pattern(length):
-        if gaps == "none":
-            return [True] * length
-        if gaps == "random":
-            return [rng.random() < 0.6 for _ in range(length)]
-        out = []                                       # long bursts of tens of cycles
-        while len(out) < length:
-            out += [len(out) // 50 % 2 == 0] * rng.randint(10, 80)
-        return out[:length]
-
-    offer, accept = pattern(cycles), pattern(cycles)
+    offer, accept = on_off_pattern(rng, gaps, cycles), on_off_pattern(rng, gaps, cycles)
     sent, received, taken_at, left_at, problems = [], [], [], [], []
 
     async def bench(ctx):
@@ -582,10 +569,7 @@ def test_register_slice_keeps_order_one_edge_late_at_full_rate(gaps):
                 value = (value + 1) % 256
             await ctx.tick()
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
+    run_amaranth(dut, bench)
     assert problems == []
     assert received == sent[:len(received)] and len(sent) - len(received) <= 1
     # One edge late: a flit taken at edge e (cycle e) can leave no earlier than cycle e + 1,

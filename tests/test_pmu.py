@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from conftest import SIMULATORS, config_id, run_block, two_d_params
+from conftest import (SIMULATORS, config_id, on_off_pattern, run_amaranth, run_block,
+                      two_d_params)
 from golden import pmu as golden
 from hw.params import ParamError
 from hw.pmu import PMUConfig
@@ -139,21 +140,12 @@ def test_registered_head_fifo_has_sync_fifos_timing(depth, traffic):
     queue (ignored by both) and resets mid-run included."""
     from amaranth.hdl import Module, ResetInserter, Signal
     from amaranth.lib.fifo import SyncFIFO
-    from amaranth.sim import Simulator
 
     from hw.pipeline import RegisteredHeadFIFO
     rng = random.Random(f"{traffic}{depth}")
     cycles = 800
-
-    def pattern(high):
-        if traffic == "random":
-            return [rng.random() < high for _ in range(cycles)]
-        out = []                                      # long bursts of tens of cycles
-        while len(out) < cycles:
-            out += [rng.random() < high] * rng.randint(10, 80)
-        return out[:cycles]
-
-    writes, reads = pattern(0.6), pattern(0.5)
+    writes = on_off_pattern(rng, traffic, cycles, 0.6)
+    reads = on_off_pattern(rng, traffic, cycles, 0.5)
     resets = [cycle % 300 == 299 for cycle in range(cycles)]
     m, reset = Module(), Signal()
     dut = RegisteredHeadFIFO(width=8, depth=depth)
@@ -175,9 +167,6 @@ def test_registered_head_fifo_has_sync_fifos_timing(depth, traffic):
             seen.add((state[1][2], state[1][0]))
             await ctx.tick()
 
-    sim = Simulator(m)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
+    run_amaranth(m, bench)
     assert mismatches == []
     assert {(0, True), (depth, False)} <= seen           # both empty and full were reached
