@@ -31,9 +31,9 @@ __all__ = ["PMUConfig", "PMU", "AddressGenerator", "ScratchpadBanks", "banks_sig
            "job_layout"]
 
 JOB_QUEUE_DEPTH = 2   # the running job is latched; one more waits in the queue
-# Decoded accesses: the three registers in flight (addresses, decode, ranks), one waiting behind
-# the head, the current one (the head), and one for the edge a freed entry takes to reach the
-# loop nest (so one access per cycle is sustained).
+# Decoded accesses: the three registers in flight (addresses, decode, ranks), the current one
+# (the queue's head), and one for the edge a freed entry takes to reach the loop nest (so one
+# access per cycle is sustained).
 ACCESS_QUEUE_DEPTH = 5
 READ_FIFO_DEPTH = 5   # read results in flight (2) + buffered; keeps a ready consumer at 1/cycle
 
@@ -153,11 +153,11 @@ class AddressGenerator(ConfiguredComponent):
     queue of accesses whose head (a register, loaded at the edge after the rank register or at
     the edge the previous access leaves) is the *current* access, held until ``advance`` says
     it completed. The nest generates only while fewer than ACCESS_QUEUE_DEPTH accesses are in
-    the registers and the queue, so the registers never stall (clock rate: a stalling pipeline's enable, from
-    ``advance`` through every stage into the loop's registers, was the critical path; before the
-    pipeline, the loop, the decode, the ranks and the access's completion were one path:
-    43.7 MHz on the ECP5-85F). A job latched at edge s has its first access current from edge
-    s + 4.
+    the registers and the queue, so the registers never stall (clock rate: a stalling
+    pipeline's enable, from ``advance`` through every stage into the loop's registers, was the
+    critical path; before the pipeline, the loop, the decode, the ranks and the access's
+    completion were one path: 43.7 MHz on the ECP5-85F). A job latched at edge s has its first
+    access current from edge s + 4.
 
     Members
     -------
