@@ -550,12 +550,8 @@ class FpDot(ConfiguredComponent):
         def carry(values, name, stages):
             """``values`` (a dict) delayed by ``stages`` pipeline registers (only ``valid``
             reset)."""
-            carried = {}
-            for key, value in values.items():
-                for stage in range(stages):
-                    value = pipe.reg(value, f"{name}_{key}_d{stage}", reset_less=key != "valid")
-                carried[key] = value
-            return carried
+            return {key: pipe.delay(value, stages, f"{name}_{key}", reset_less=key != "valid")
+                    for key, value in values.items()}
 
         control = {"valid": self.inp.valid, "first": first, "dot_first": dot_first,
                    "promote": promote, "last": beat.last}

@@ -208,10 +208,10 @@ class StallPipe:
         self._updates.append(register.eq(value))
         return register
 
-    def delay(self, value, stages, name):
+    def delay(self, value, stages, name, reset_less=False):
         """``value`` delayed by ``stages`` registers (``stages`` may be 0)."""
         for stage in range(stages):
-            value = self.reg(value, f"{name}_d{stage}")
+            value = self.reg(value, f"{name}_d{stage}", reset_less)
         return value
 
     def emit(self, m):
