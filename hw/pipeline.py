@@ -12,7 +12,7 @@ from golden.fixed import signed_limits
 
 __all__ = ["StallPipe", "OutputQueue", "SkidSlice", "RegisterSlice", "RegisteredHeadFIFO",
            "OUT_FIFO_DEPTH", "lanes_layout", "saturate", "select", "or_tree", "sum_tree",
-           "max_tree", "leading_one", "leading_one_tree", "requant", "requant_shift",
+           "max_tree", "thermometer_max", "thermometer_value", "leading_one", "leading_one_tree", "requant", "requant_shift",
            "requant_round"]
 
 # Depth of an output queue. Two entries suffice for full throughput: a pipeline writes at most
@@ -77,6 +77,30 @@ def max_tree(m, values, name):
             merged.append(values[-1])
         values, level = merged, level + 1
     return values[0]
+
+
+def thermometer_max(values, bounds=None):
+    """The thermometer code of the largest of the unsigned ``values``: bit t-1 is 1 where some
+    value is at least t, for t = 1 .. the largest value possible. ``bounds[i]``, when given,
+    is the most ``values[i]`` can be (a value that cannot reach t is left out of bit t-1).
+    For small values a compare with a constant and an OR per bit are shallower than a tree of
+    compare-and-select stages (clock rate: the PMU's largest lane rank)."""
+    bounds = bounds or [(1 << len(Value.cast(v))) - 1 for v in values]
+    return [or_tree([v >= t for v, bound in zip(values, bounds) if bound >= t])
+            for t in range(1, max(bounds) + 1)]
+
+
+def thermometer_value(bits, width):
+    """The ``width``-bit number a thermometer code (``thermometer_max``) stands for: its count
+    of ones, as the position of its highest one."""
+    bits = list(bits) + [Const(0)]
+    ones = [Const(0)] * width
+    for t in range(1, len(bits)):
+        highest = bits[t - 1] & ~bits[t]
+        for k in range(width):
+            if t >> k & 1:
+                ones[k] = ones[k] | highest
+    return Cat(*ones)
 
 
 def saturate(value, width):

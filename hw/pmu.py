@@ -24,7 +24,8 @@ from amaranth.utils import ceil_log2, exact_log2
 
 from golden import pmu as golden
 from hw.params import ConfiguredComponent, TieredComponent, int_param, param_error, validate
-from hw.pipeline import OutputQueue, RegisteredHeadFIFO, max_tree, sum_tree
+from hw.pipeline import (OutputQueue, RegisteredHeadFIFO, sum_tree, thermometer_max,
+                         thermometer_value)
 from hw.registry import Block, register
 
 __all__ = ["PMUConfig", "PMU", "AddressGenerator", "ScratchpadBanks", "banks_signature",
@@ -236,7 +237,6 @@ class AddressGenerator(ConfiguredComponent):
         generating = Signal()           # the loop nest holds a job with accesses to generate
         index = [Signal(A, name=f"index{level}") for level in range(L)]
         level_base = [Signal(A, name=f"level_base{level}") for level in range(L)]
-        lane_offset_addr = [Signal(A, name=f"lane_off{v}") for v in range(V)]
         waiting = Signal()
         snapshot = Signal()
 
@@ -260,17 +260,23 @@ class AddressGenerator(ConfiguredComponent):
         # job's bound at the start and at a reset to 0 (`single`: a bound of 1), from the
         # incremented index at a step (clock rate: the comparisons were on the path from the
         # indices into the loop's registers).
+        # generated_last, every at_end set, is a register of its own, loaded with what the
+        # at_end registers are loaded with (clock rate: their AND began the path from the loop
+        # into `generating` through the job start).
         limit = [Signal(A, name=f"limit{level}") for level in range(L)]
         single = [Signal(name=f"single{level}") for level in range(L)]
         at_end = [Signal(name=f"at_end{level}") for level in range(L)]
-        generated_last = reduce(operator.and_, at_end)
+        generated_last = Signal()
         with m.If(generate & ~generated_last):
             for level in range(L):
                 inner_done = reduce(operator.and_, at_end[:level], Const(1))
                 with m.If(inner_done & ~at_end[level]):
                     stepped = (level_base[level] + job.strides[level])[:A]
+                    reaches_end = index[level] + 1 == limit[level]
                     m.d.sync += [index[level].eq(index[level] + 1), level_base[level].eq(stepped),
-                                 at_end[level].eq(index[level] + 1 == limit[level])]
+                                 at_end[level].eq(reaches_end),
+                                 generated_last.eq(reduce(operator.and_, [
+                                     *single[:level], reaches_end, *at_end[level + 1:]]))]
                     m.d.sync += [index[j].eq(0) for j in range(level)]
                     m.d.sync += [at_end[j].eq(single[j]) for j in range(level)]
                     m.d.sync += [level_base[j].eq(stepped) for j in range(level)]
@@ -296,16 +302,17 @@ class AddressGenerator(ConfiguredComponent):
                 m.d.sync += [limit[level].eq(head.bounds[level] - 1) for level in range(L)]
                 m.d.sync += [single[level].eq(head.bounds[level] == 1) for level in range(L)]
                 m.d.sync += [at_end[level].eq(head.bounds[level] == 1) for level in range(L)]
+                m.d.sync += generated_last.eq(reduce(operator.and_, [head.bounds[level] == 1
+                                                                     for level in range(L)]))
                 m.d.sync += [index[level].eq(0) for level in range(L)]
                 m.d.sync += [level_base[level].eq(head.base) for level in range(L)]
-                m.d.sync += [lane_offset_addr[v].eq((head.lane_stride * v)[:A]) for v in range(V)]
 
         # Stage 1: the lanes' addresses of the generated access, registered with the job's
         # mapping and predicate (a new job may be latched while this access moves on).
         addresses = [Signal(A, name=f"lane_addr{v}") for v in range(V)]
         mapping = Signal(layout, name="addressed_job")   # only the fields read below are kept
         m.d.sync += [addressed.eq(generate), addressed_last.eq(generated_last), mapping.eq(job),
-                     *[addresses[v].eq(level_base[0] + lane_offset_addr[v]) for v in range(V)]]
+                     *[addresses[v].eq(level_base[0] + job.lane_stride * v) for v in range(V)]]
 
         # Stage 2: the lane decode, registered.
         lane_valid = Signal(V, name="decoded_valid")
@@ -343,24 +350,29 @@ class AddressGenerator(ConfiguredComponent):
             same = [lane_valid[u] & (lane_bank[u] == lane_bank[v]) for u in range(v)]
             m.d.comb += rank.eq(sum_tree(same) if same else 0)
             ranks.append(Mux(lane_valid[v], rank, 0))
-        # Lane 0's rank is always 0, the floor of the maximum anyway: left out of the tree.
-        last_step = Signal.like(self.last_step, name="decoded_last_step")
-        m.d.comb += [last_step.eq(max_tree(m, ranks[1:] or ranks, "rank_max")),
-                     self.cost.eq(self.last_step + 1)]
-        entry = data.StructLayout({"last": 1, "valid": V, "bank": self.lane_bank.shape(),
-                                   "offset": self.lane_offset.shape(),
-                                   "rank": self.lane_rank.shape(),
-                                   "last_step": self.last_step.shape()})
+        # The largest rank as a thermometer code, registered, its number taken as the access is
+        # written into the queue (clock rate: a tree of compare-and-select stages after the ranks
+        # was the path into the rank register). Lane v's rank is at most v.
+        reached = thermometer_max(ranks, bounds=range(V))
+        m.d.comb += self.cost.eq(self.last_step + 1)
+        fields = {"last": 1, "valid": V, "bank": self.lane_bank.shape(),
+                  "offset": self.lane_offset.shape(), "rank": self.lane_rank.shape()}
+        entry = data.StructLayout({**fields, "last_step": self.last_step.shape()})
         # Stage 3: the ranks and cost, registered, then written into a queue whose head, a
         # register, they reach at the next edge: the same two edges from the decode register to
         # the head as a SyncFIFOBuffered written from the decode directly (clock rate: the
         # ranks' compares ran into its memory's write port).
         ranked = Signal()               # the rank register holds an access
-        written = Signal(entry, name="ranked_access")
-        m.d.sync += [ranked.eq(decoded), written.last.eq(decoded_last),
-                     written.valid.eq(lane_valid), written.bank.eq(lane_bank),
-                     written.offset.eq(lane_offset), written.last_step.eq(last_step),
-                     *[written.rank[v].eq(ranks[v]) for v in range(V)]]
+        ranked_access = Signal(data.StructLayout({**fields, "reached": max(1, len(reached))}))
+        m.d.sync += [ranked.eq(decoded), ranked_access.last.eq(decoded_last),
+                     ranked_access.valid.eq(lane_valid), ranked_access.bank.eq(lane_bank),
+                     ranked_access.offset.eq(lane_offset), ranked_access.reached.eq(Cat(*reached)),
+                     *[ranked_access.rank[v].eq(ranks[v]) for v in range(V)]]
+        written = Signal(entry, name="queued_access")
+        m.d.comb += [written.eq(Cat(*(ranked_access[name] for name in fields))),
+                     written.last_step.eq(thermometer_value(
+                         [ranked_access.reached[t] for t in range(len(reached))],
+                         self._rank_bits))]
         accesses = m.submodules.accesses = RegisteredHeadFIFO(width=entry.size,
                                                               depth=ACCESS_QUEUE_DEPTH)
         head_access = entry(accesses.r_data)

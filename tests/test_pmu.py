@@ -170,3 +170,38 @@ def test_registered_head_fifo_has_sync_fifos_timing(depth, traffic):
     run_amaranth(m, bench)
     assert mismatches == []
     assert {(0, True), (depth, False)} <= seen           # both empty and full were reached
+
+
+@pytest.mark.parametrize("count, bounded", [(1, True), (2, True), (5, False), (8, True)])
+def test_thermometer_max_is_the_largest(count, bounded):
+    """The largest lane rank (hw.pipeline.thermometer_max, then thermometer_value): the
+    number is the largest of the values, for random values and for every value at its bound
+    (lane v's rank is at most v: ``bounds`` leaves the compares it cannot reach out)."""
+    from amaranth.hdl import Module, Signal
+    from amaranth.sim import Simulator
+
+    from hw.pipeline import thermometer_max, thermometer_value
+    width = 3
+    bounds = list(range(count)) if bounded else [(1 << width) - 1] * count
+    values = [Signal(width, name=f"value{i}") for i in range(count)]
+    largest = Signal(width)
+    m = Module()
+    bits = thermometer_max(values, bounds=bounds if bounded else None)
+    m.d.comb += largest.eq(thermometer_value(bits, width) if bits else 0)
+    rng = random.Random(count)
+    draws = [[rng.randint(0, bound) for bound in bounds] for _ in range(300)]
+    draws += [list(bounds), [0] * count]
+    draws += [[bound if i == j else 0 for i, bound in enumerate(bounds)] for j in range(count)]
+    wrong = []
+
+    async def bench(ctx):
+        for draw in draws:
+            for signal, value in zip(values, draw):
+                ctx.set(signal, value)
+            if ctx.get(largest) != max(draw):
+                wrong.append((draw, ctx.get(largest)))
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
+    assert wrong == []
