@@ -328,6 +328,30 @@ async def test_read_waits_for_write(dut):
 
 
 @cocotb.test()
+async def test_write_waits_for_read(dut):
+    """wait_other the other way: a write queued while a read job runs, with a second read
+    chained behind that one, starts as if its descriptor were taken at the edge the running
+    read's last lanes are picked (3 edges before its last ``r`` beat), not when the read port
+    goes idle: the second read keeps it busy past that edge."""
+    bench = await _setup(dut, "war")
+    cfg = bench.cfg
+    accesses = max(1, min(4, cfg.banks * cfg.bank_depth // (2 * cfg.lanes)))
+    region = {"bounds": [accesses], "strides": [cfg.lanes]}
+    bench.queue_read(golden.make_job(bench.params, **region))
+    await bench.until_latched("r")
+    bench.queue_read(golden.make_job(bench.params, **region))
+    bench.queue_write(golden.make_job(bench.params, base=accesses * cfg.lanes, **region,
+                                      wait_other=1))
+    await bench.writes_done(200 + 40 * accesses)
+    await wait_for(dut, lambda: len(bench.r.received) == 2 * accesses, 200, "reads")
+    completed = bench.r.received[accesses - 1][0] - 3
+    assert [e - completed for e in bench.w.sent_edges] == \
+        golden.write_beat_edges(bench.w_costs), "the waiting write's beats (docs/blocks/pmu.md)"
+    assert bench.r.received[-1][0] - 3 > completed, "the second read should run past it"
+    bench.check_reads()
+
+
+@cocotb.test()
 async def test_predication_and_wrap(dut):
     """Predicate edges cut accesses; negative strides wrap modulo 2^A; beyond capacity is off."""
     bench = await _setup(dut, "predicate", 0.3, 0.3)
