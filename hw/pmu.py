@@ -233,7 +233,15 @@ class AddressGenerator(ConfiguredComponent):
                      queue.w_en.eq(self.job.valid), self.job.ready.eq(queue.w_rdy)]
         head, bad = layout(queue.r_data[:layout.size]), queue.r_data[layout.size]
 
-        job = Signal(layout)
+        # The latched job keeps only the fields read after its start (the loop's strides, the
+        # lane stride, the mapping and predicate): the bounds, the base and wait_other are read
+        # from the queue's head at the start.
+        mapping_fields = ("pred_lo", "pred_hi", "diagonal", "bank_pos", "row_shift")
+
+        def kept(names):
+            return data.StructLayout({name: layout.members[name] for name in names})
+
+        job = Signal(kept(("strides", "lane_stride", *mapping_fields)))
         generating = Signal()           # the loop nest holds a job with accesses to generate
         index = [Signal(A, name=f"index{level}") for level in range(L)]
         level_base = [Signal(A, name=f"level_base{level}") for level in range(L)]
@@ -298,7 +306,8 @@ class AddressGenerator(ConfiguredComponent):
         with m.If(start):
             m.d.sync += waiting.eq(0)
             with m.If(~bad):
-                m.d.sync += [job.eq(head), generating.eq(1)]
+                m.d.sync += [*[job[name].eq(head[name]) for name in job.shape().members],
+                             generating.eq(1)]
                 m.d.sync += [limit[level].eq(head.bounds[level] - 1) for level in range(L)]
                 m.d.sync += [single[level].eq(head.bounds[level] == 1) for level in range(L)]
                 m.d.sync += [at_end[level].eq(head.bounds[level] == 1) for level in range(L)]
@@ -310,8 +319,9 @@ class AddressGenerator(ConfiguredComponent):
         # Stage 1: the lanes' addresses of the generated access, registered with the job's
         # mapping and predicate (a new job may be latched while this access moves on).
         addresses = [Signal(A, name=f"lane_addr{v}") for v in range(V)]
-        mapping = Signal(layout, name="addressed_job")   # only the fields read below are kept
-        m.d.sync += [addressed.eq(generate), addressed_last.eq(generated_last), mapping.eq(job),
+        mapping = Signal(kept(mapping_fields), name="addressed_job")
+        m.d.sync += [addressed.eq(generate), addressed_last.eq(generated_last),
+                     *[mapping[name].eq(job[name]) for name in mapping_fields],
                      *[addresses[v].eq(level_base[0] + job.lane_stride * v) for v in range(V)]]
 
         # Stage 2: the lane decode, registered.
