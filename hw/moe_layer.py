@@ -708,7 +708,7 @@ class ExpertChiplet(TieredComponent):
         tag_set = [Signal(name=f"tag_set_{s}", reset_less=True) for s in range(S)]
         loaded = [Signal(name=f"loaded_{s}", reset_less=True) for s in range(S)]
 
-        # Per token of the batch: id, x, the gates of the slots it chose, the gate-weighted sums.
+        # Per token of the batch: id, x, the gate-weighted sums.
         product_bits = cfg.acc_width + cfg.gate_width + 1
         sum_bits = product_bits + ceil_log2(min(cfg.k, S) + 1)
         # Token t of bank b is slot b*T + t.
@@ -716,8 +716,6 @@ class ExpertChiplet(TieredComponent):
         tok_id = [Signal(cfg.token_width, name=f"token_{t}", reset_less=True) for t in range(TT)]
         x = [[Signal(signed(iw), name=f"x_{t}_{d}", reset_less=True) for d in range(D)]
              for t in range(TT)]
-        gates = [[Signal(cfg.gate_width, name=f"gate_{t}_{s}", reset_less=True)
-                  for s in range(S)] for t in range(TT)]
         # (floating point: FP32 codes, +0 when a token arrives)
         sum_shape = unsigned(32) if floating else signed(sum_bits)
         sums = [[Signal(sum_shape, name=f"sum_{t}_{d}", reset_less=True)
@@ -725,9 +723,19 @@ class ExpertChiplet(TieredComponent):
         # The slots the packet being collected chose so far (its header flits taken before
         # this one; read only within the packet, so one register serves every token slot).
         chosen = Signal(S, name="packet_chosen", reset_less=True)
-        # Per bank and expert slot: the token slots that chose it, in arrival order.
+        # The gates the packet being collected gave each slot so far (one register serves every
+        # token slot, as `chosen` does).
+        packet_gate = [Signal(cfg.gate_width, name=f"packet_gate_{s}", reset_less=True)
+                       for s in range(S)]
+        # Per bank and expert slot: the token slots that chose it, in arrival order, and the
+        # gate each gave it (kept beside the member, not per token slot: the planner reads both
+        # at a group's position side by side instead of the gate through the member; clock
+        # rate: that chain into the plan queue was the chiplet's critical path).
         members = [[[Signal(range(TT), name=f"member_{b}_{s}_{p}", reset_less=True)
                      for p in range(T)] for s in range(S)] for b in range(NB)]
+        member_gates = [[[Signal(cfg.gate_width, name=f"member_gate_{b}_{s}_{p}",
+                                 reset_less=True)
+                          for p in range(T)] for s in range(S)] for b in range(NB)]
         members_len = [[Signal(range(T + 1), name=f"members_len_{b}_{s}") for s in range(S)]
                        for b in range(NB)]
 
@@ -847,14 +855,14 @@ class ExpertChiplet(TieredComponent):
             with m.If(down.payload.last != (flit == H + X - 1)):
                 m.d.sync += error.eq(1)
             m.d.sync += chosen.eq(current_chosen)
+            for s in range(S):
+                with m.If(hits[s]):
+                    m.d.sync += packet_gate[s].eq(hit_gate[s])
             for t in range(TT):
                 with m.If(slot_index == t):
                     with m.If(first):
                         m.d.sync += [tok_id[t].eq(down.payload.token),
                                      *[v.eq(0) for v in x[t]], *[v.eq(0) for v in sums[t]]]
-                    for s in range(S):
-                        with m.If(hits[s]):
-                            m.d.sync += gates[t][s].eq(hit_gate[s])
                     for b in range(X):
                         with m.If(flit == H + b):
                             for lane in range(L):
@@ -877,7 +885,9 @@ class ExpertChiplet(TieredComponent):
                             m.d.sync += members_len[b][s].eq(members_len[b][s] + 1)
                             for p in range(T):
                                 with m.If(members_len[b][s] == p):
-                                    m.d.sync += members[b][s][p].eq(slot_index)
+                                    m.d.sync += [members[b][s][p].eq(slot_index),
+                                                 member_gates[b][s][p].eq(
+                                                     Mux(hits[s], hit_gate[s], packet_gate[s]))]
             m.d.comb += close.eq(count + 1 == T)
         with m.Elif(collecting & (count != 0) & ~in_packet & ~taken):
             # A partial batch closes after `batch_wait` idle cycles, but only when the planner
@@ -930,6 +940,7 @@ class ExpertChiplet(TieredComponent):
                      found.rows.eq(Mux(remaining > R, R, remaining)),
                      found.base.eq(slot * (shape.expert_beats * V))]
         run_members = select_rows(r_bank, members)      # [slot][position] of the run bank
+        run_gates = select_rows(r_bank, member_gates)
 
         def row_select(token, i, values):
             """``values[token]`` for tile row i, whose token is a slot's member at a position
@@ -940,19 +951,16 @@ class ExpertChiplet(TieredComponent):
             return or_tree([Mux(token == t, value, 0) for t, value in enumerate(values)
                             if t % T >= i] or [Const(0)])
 
+        def at_position(i, lists):
+            """``lists[slot][group + i]``, the value tile row i reads. `group` steps by R, so
+            row i only ever reads positions g + i, g a multiple of R: no select term (dead
+            logic) for the positions it cannot reach."""
+            return or_tree([Mux(group == g, select(slot, [lists[s][g + i] for s in range(S)]), 0)
+                            for g in range(0, T, R) if g + i < T] or [Const(0)])
+
         for i in range(R):
-            # `group` steps by R, so row i only ever reads positions g + i, g a multiple of R:
-            # no select term (dead logic) for the positions it cannot reach.
-            # A signal, not an expression: the gate select below compares it with every token
-            # slot, and an expression would be emitted again for each comparison.
-            member = Signal(range(TT), name=f"plan_member_{i}")
-            m.d.comb += member.eq(or_tree([Mux(group == g, select(slot, [run_members[s][g + i]
-                                                                         for s in range(S)]), 0)
-                                           for g in range(0, T, R) if g + i < T] or [Const(0)]))
-            m.d.comb += [found.token[i].eq(member),
-                         found.gate[i].eq(select(slot, [row_select(member, i, [gates[t][s]
-                                                                              for t in range(TT)])
-                                                        for s in range(S)]))]
+            m.d.comb += [found.token[i].eq(at_position(i, run_members)),
+                         found.gate[i].eq(at_position(i, run_gates))]
         push = Signal()
         pushed = Signal(phase_layout)
         m.d.comb += [plan.w_en.eq(push), plan.w_data.eq(pushed.as_value()),
