@@ -262,7 +262,8 @@ async def test_busy_from_start_to_last_access(dut):
     """``w_busy`` and ``r_busy`` (which ``wait_other`` reads) are high at every edge from the
     one a job starts at (its descriptor's edge + 1, the port idle) to the one its last access
     completes at (the last ``w`` beat; the read's last lanes picked, 3 edges before its last
-    ``r`` beat), and low around that: jobs of 1 to 3 accesses, the write's data held back."""
+    ``r`` beat), and low around that: jobs of 1 to 3 accesses, the write's data held back.
+    The conflict counters are checked after every job (odd counts of accesses among them)."""
     bench = await _setup(dut, "busy")
     cfg = bench.cfg
     samples = {"w": {}, "r": {}}
@@ -283,6 +284,10 @@ async def test_busy_from_start_to_last_access(dut):
         bench.queue_read(job)
         await wait_for(dut, lambda: len(bench.r.received) == len(bench.expected), 100, "reads")
         await ClockCycles(dut.clk, 4)
+        for counter, costs in ((dut.w_conflict_cycles, bench.w_costs),
+                               (dut.r_conflict_cycles, bench.r_costs)):
+            assert counter.value.to_unsigned() == sum(c - 1 for job in costs for c in job), \
+                f"{counter._name} after jobs of 1..{accesses} accesses"
         for port, start, end in (("w", bench.wjob.sent_edges[-1], bench.w.sent_edges[-1]),
                                  ("r", bench.rjob.sent_edges[-1], bench.r.received[-1][0] - 3)):
             first = max(start - 2, min(samples[port]))
@@ -348,6 +353,63 @@ async def test_write_waits_for_read(dut):
     assert [e - completed for e in bench.w.sent_edges] == \
         golden.write_beat_edges(bench.w_costs), "the waiting write's beats (docs/blocks/pmu.md)"
     assert bench.r.received[-1][0] - 3 > completed, "the second read should run past it"
+    bench.check_reads()
+
+
+@cocotb.test()
+async def test_each_lane_carries_the_largest_rank(dut):
+    """Every lane v as the one lane of the largest rank r (0 <= r <= v): lanes v-r..v in one
+    bank (lane stride B; the predicate window switches the others off), so the access costs
+    r + 1 and the conflict counter counts r more, on both ports, every read word against the
+    golden. Lanes whose address would pass the capacity (v >= bank_depth) are left out."""
+    bench = await _setup(dut, "largest-rank")
+    cfg = bench.cfg
+    for v in range(min(cfg.lanes, cfg.bank_depth)):
+        for r in range(v + 1):
+            job = golden.make_job(bench.params, lane_stride=cfg.banks,
+                                  pred_lo=(v - r) * cfg.banks, pred_hi=v * cfg.banks + 1)
+            bench.queue_write(job)
+            await bench.writes_done(100)
+            bench.queue_read(job)
+            await wait_for(dut, lambda: len(bench.r.received) == len(bench.expected), 100,
+                           "reads")
+            assert bench.w_costs[-1] == bench.r_costs[-1] == [r + 1], "the golden cost"
+            for counter, costs in ((dut.w_conflict_cycles, bench.w_costs),
+                                   (dut.r_conflict_cycles, bench.r_costs)):
+                assert counter.value.to_unsigned() == sum(c - 1 for j in costs for c in j), \
+                    f"{counter._name}: lane {v} of rank {r} the largest"
+    bench.check_reads()
+
+
+@cocotb.test()
+async def test_conflict_counters_count_far(dut):
+    """The conflict counters past 2^12 on both ports, checked after every job: jobs of 61 to
+    65 accesses (odd and even counts, so that a bit toggled at every count does not cancel
+    out) at one address with every lane whose address fits in bank 0 (lane stride B), so each
+    access of n lanes costs n cycles. A bit flipped or held anywhere below bit 12 shows.
+    (With one lane there are no conflicts to count; bits above 12 would take ~2^k cycles.)"""
+    bench = await _setup(dut, "far")
+    cfg = bench.cfg
+    lanes = min(cfg.lanes, cfg.bank_depth)
+    if lanes < 2:
+        return
+    jobs = -(-(1 << 12) // (61 * (lanes - 1))) + 1
+    for port in ("w", "r"):
+        counter = dut.w_conflict_cycles if port == "w" else dut.r_conflict_cycles
+        costs = bench.w_costs if port == "w" else bench.r_costs
+        for index in range(jobs):
+            job = golden.make_job(bench.params, bounds=[61 + index % 5], strides=[0],
+                                  lane_stride=cfg.banks, pred_hi=(lanes - 1) * cfg.banks + 1)
+            if port == "w":
+                bench.queue_write(job)
+                await bench.writes_done(64 * lanes + 100)
+            else:
+                bench.queue_read(job)
+                await wait_for(dut, lambda: len(bench.r.received) == len(bench.expected),
+                               64 * lanes + 100, "reads")
+            assert counter.value.to_unsigned() == sum(c - 1 for j in costs for c in j), \
+                f"{port}_conflict_cycles after {len(costs)} jobs"
+        assert counter.value.to_unsigned() > 1 << 12
     bench.check_reads()
 
 

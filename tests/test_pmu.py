@@ -103,14 +103,14 @@ def test_config_rejects_bad_values(kwargs, message):
 @pytest.mark.parametrize("params", two_d_params(SIM_CONFIGS, 1))
 def test_cocotb(params, simulator):
     result = run_block("pmu", params, simulator)
-    assert result.tests == 17  # every cocotb test of tb/test_pmu.py ran
+    assert result.tests == 19  # every cocotb test of tb/test_pmu.py ran
 
 
 @pytest.mark.parametrize("simulator", SIMULATORS)
 def test_cocotb_3d_in_lockstep_with_2d(simulator):
     # The banks on the memory die, the address generators on the logic die: pmu_equiv runs both
     # builds, every test passes on the 2D outputs and `mismatch` never rises.
-    assert run_block("pmu", SIM_CONFIGS[1], simulator, three_d=True).tests == 17
+    assert run_block("pmu", SIM_CONFIGS[1], simulator, three_d=True).tests == 19
 
 
 def test_3d_bonds_are_the_bank_ports(tmp_path):
