@@ -806,16 +806,19 @@ class ExpertChiplet(TieredComponent):
                     m.d.sync += [tags[s].eq(assign.payload.expert), tag_set[s].eq(1),
                                  loaded[s].eq(0)]
         # The tags a header flit taken at this edge is matched against: an assignment or a
-        # load starting at this edge already counts, so a packet never chooses a slot for the
-        # expert it is losing.
-        match_tag = [Signal.like(tags[s], name=f"match_tag_{s}") for s in range(S)]
-        match_set = Signal(S)
-        for s in range(S):
-            m.d.comb += [match_tag[s].eq(tags[s]), match_set[s].eq(tag_set[s])]
-            with m.If(assign_fire & (a_slot == s)):
-                m.d.comb += [match_tag[s].eq(assign.payload.expert), match_set[s].eq(1)]
-            with m.If(load_start & (w_slot == s)):
-                m.d.comb += [match_tag[s].eq(wload.payload.expert), match_set[s].eq(1)]
+        # load starting at this edge already counts (a load over an assignment), so a packet
+        # never chooses a slot for the expert it is losing. Each entry is compared with all
+        # three (the tag, the assignment's, the load's), and whether an assignment or a load
+        # starts picks among the results last (clock rate: that decision comes late, from the
+        # slots' member counts, and picking the tag before the compare put the compare after it
+        # on the path into the member registers).
+        assigned_here = [assign_fire & (a_slot == s) for s in range(S)]
+        loaded_here = [load_start & (w_slot == s) for s in range(S)]
+
+        def matches(s, expert):
+            return Mux(loaded_here[s], wload.payload.expert == expert,
+                       Mux(assigned_here[s], assign.payload.expert == expert,
+                           tag_set[s] & (tags[s] == expert)))
 
         # --- collect: take packets into the batch ---
         # The input queue holds up to `queue_tokens` packets while a batch is computed, so the
@@ -843,7 +846,7 @@ class ExpertChiplet(TieredComponent):
             expert = entry[cfg.gate_width:cfg.gate_width + (ceil_log2(cfg.experts) or 1)]
             here = header_index == j // L
             for s in range(S):
-                with m.If(here & match_set[s] & (match_tag[s] == expert)):
+                with m.If(here & matches(s, expert)):
                     m.d.comb += [hits[s].eq(1), hit_gate[s].eq(entry[:cfg.gate_width])]
         current_chosen = Signal(S)
         m.d.comb += current_chosen.eq(
