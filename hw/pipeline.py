@@ -12,8 +12,8 @@ from golden.fixed import signed_limits
 
 __all__ = ["StallPipe", "OutputQueue", "SkidSlice", "RegisterSlice", "RegisteredHeadFIFO",
            "OUT_FIFO_DEPTH", "lanes_layout", "saturate", "select", "or_tree", "sum_tree",
-           "max_tree", "thermometer_max", "thermometer_value", "leading_one", "leading_one_tree", "requant", "requant_shift",
-           "requant_round"]
+           "max_tree", "thermometer_max", "thermometer_value", "leading_one", "leading_one_tree",
+           "requant", "requant_shift", "requant_round"]
 
 # Depth of an output queue. Two entries suffice for full throughput: a pipeline writes at most
 # one beat per cycle and a ready consumer reads one per cycle, so the level never exceeds one.
