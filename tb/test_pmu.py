@@ -384,8 +384,8 @@ async def test_each_lane_carries_the_largest_rank(dut):
 @cocotb.test()
 async def test_conflict_counters_count_far(dut):
     """The conflict counters past 2^12 on both ports, checked after every job: jobs of 61 to
-    65 accesses (odd and even counts, so that a bit toggled at every count does not cancel
-    out) at one address with every lane whose address fits in bank 0 (lane stride B), so each
+    65 accesses (at most 2^A; odd and even counts, so that a bit toggled at every count does
+    not cancel out) at one address with every lane whose address fits in bank 0 (lane stride B), so each
     access of n lanes costs n cycles. A bit flipped or held anywhere below bit 12 shows.
     With one lane there is no conflict to count: the counters stay 0 over a job of up to 64
     accesses. (Bits above 12 would take ~2^k cycles.)"""
@@ -408,7 +408,8 @@ async def test_conflict_counters_count_far(dut):
         counter = dut.w_conflict_cycles if port == "w" else dut.r_conflict_cycles
         costs = bench.w_costs if port == "w" else bench.r_costs
         for index in range(jobs):
-            job = golden.make_job(bench.params, bounds=[61 + index % 5], strides=[0],
+            length = min(61 + index % 5, 1 << cfg.addr_width)      # a bound is at most 2^A
+            job = golden.make_job(bench.params, bounds=[length], strides=[0],
                                   lane_stride=cfg.banks, pred_hi=(lanes - 1) * cfg.banks + 1)
             if port == "w":
                 bench.queue_write(job)
