@@ -95,6 +95,15 @@ class PMUBench(StreamBench):
             source.sent_edges.clear()
         self.w_costs.clear()
 
+    def check_conflict_counters(self, what, ports=("w", "r")):
+        """Each port's conflict counter equals the extra cycles of every job queued on it so far
+        (the golden costs less one per access; the counters reset only with the block)."""
+        for port in ports:
+            counter = getattr(self.dut, f"{port}_conflict_cycles").value.to_unsigned()
+            costs = self.w_costs if port == "w" else self.r_costs
+            assert counter == sum(c - 1 for job in costs for c in job), \
+                f"{port}_conflict_cycles {counter}: {what}"
+
     def check_reads(self):
         """Every read beat equals the golden one: data, per-lane valid, last; none extra."""
         self.check_output("r", [{"data": data, "last": last,
@@ -284,10 +293,7 @@ async def test_busy_from_start_to_last_access(dut):
         bench.queue_read(job)
         await wait_for(dut, lambda: len(bench.r.received) == len(bench.expected), 100, "reads")
         await ClockCycles(dut.clk, 4)
-        for counter, costs in ((dut.w_conflict_cycles, bench.w_costs),
-                               (dut.r_conflict_cycles, bench.r_costs)):
-            assert counter.value.to_unsigned() == sum(c - 1 for job in costs for c in job), \
-                f"{counter._name} after jobs of 1..{accesses} accesses"
+        bench.check_conflict_counters(f"after jobs of 1..{accesses} accesses")
         for port, start, end in (("w", bench.wjob.sent_edges[-1], bench.w.sent_edges[-1]),
                                  ("r", bench.rjob.sent_edges[-1], bench.r.received[-1][0] - 3)):
             first = max(start - 2, min(samples[port]))
@@ -374,10 +380,7 @@ async def test_each_lane_carries_the_largest_rank(dut):
             await wait_for(dut, lambda: len(bench.r.received) == len(bench.expected), 100,
                            "reads")
             assert bench.w_costs[-1] == bench.r_costs[-1] == [r + 1], "the golden cost"
-            for counter, costs in ((dut.w_conflict_cycles, bench.w_costs),
-                                   (dut.r_conflict_cycles, bench.r_costs)):
-                assert counter.value.to_unsigned() == sum(c - 1 for j in costs for c in j), \
-                    f"{counter._name}: lane {v} of rank {r} the largest"
+            bench.check_conflict_counters(f"lane {v} of rank {r} the largest")
     bench.check_reads()
 
 
@@ -385,8 +388,8 @@ async def test_each_lane_carries_the_largest_rank(dut):
 async def test_conflict_counters_count_far(dut):
     """The conflict counters past 2^12 on both ports, checked after every job: jobs of 61 to
     65 accesses (at most 2^A; odd and even counts, so that a bit toggled at every count does
-    not cancel out) at one address with every lane whose address fits in bank 0 (lane stride B), so each
-    access of n lanes costs n cycles. A bit flipped or held anywhere below bit 12 shows.
+    not cancel out) at one address with every lane whose address fits in bank 0 (lane stride
+    B), so each access of n lanes costs n cycles. A bit flipped or held below bit 12 shows.
     With one lane there is no conflict to count: the counters stay 0 over a job of up to 64
     accesses. (Bits above 12 would take ~2^k cycles.)"""
     bench = await _setup(dut, "far")
@@ -405,8 +408,6 @@ async def test_conflict_counters_count_far(dut):
         return
     jobs = -(-(1 << 12) // (61 * (lanes - 1))) + 1
     for port in ("w", "r"):
-        counter = dut.w_conflict_cycles if port == "w" else dut.r_conflict_cycles
-        costs = bench.w_costs if port == "w" else bench.r_costs
         for index in range(jobs):
             length = min(61 + index % 5, 1 << cfg.addr_width)      # a bound is at most 2^A
             job = golden.make_job(bench.params, bounds=[length], strides=[0],
@@ -418,9 +419,8 @@ async def test_conflict_counters_count_far(dut):
                 bench.queue_read(job)
                 await wait_for(dut, lambda: len(bench.r.received) == len(bench.expected),
                                64 * lanes + 100, "reads")
-            assert counter.value.to_unsigned() == sum(c - 1 for j in costs for c in j), \
-                f"{port}_conflict_cycles after {len(costs)} jobs"
-        assert counter.value.to_unsigned() > 1 << 12
+            bench.check_conflict_counters(f"after job {index}", ports=(port,))
+        assert getattr(dut, f"{port}_conflict_cycles").value.to_unsigned() > 1 << 12
     bench.check_reads()
 
 
