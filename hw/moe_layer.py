@@ -1225,22 +1225,14 @@ class ExpertChiplet(TieredComponent):
         m.d.comb += [emit_slot.eq(e_bank * T + emit_token),
                      out.valid.eq(emitting), out.payload.last.eq(out_last),
                      out.payload.token.eq(select(emit_slot, tok_id))]
-        # The data lanes come from registers loaded, as a flit is taken, with the next flit's
-        # (the clock rate: in the layer the sum select and its cast fed the switch's return
-        # stage directly). The next flit is the same token's, or a header flit (data 0) when
-        # this one is the last: a token's first flit is a header flit (H >= 1), so a new token
-        # or bank always starts from the 0 loaded at the previous token's end (or reset).
-        next_is_data = ~out_last & (emit_flit >= H - 1)
         for lane in range(L):
             candidates = []
             for b in range(X):
                 d = b * L + lane
                 candidates.append(select(emit_slot, [sums[t][d] for t in range(TT)])
                                   if d < D else Const(0))
-            following = [candidates[e + 1 - H] if 0 <= e + 1 - H < X else Const(0)
-                         for e in range(H + X)]
             chosen_sum = Signal(sum_shape, name=f"emit_sum_{lane}")
-            m.d.comb += chosen_sum.eq(select(emit_flit, following))
+            m.d.comb += chosen_sum.eq(select(emit_flit - H, candidates))
             if cfg.combine_dtype == "bf16":
                 code = fp_scale_cast(m, chosen_sum, fp32, golden_fp.FORMATS["bf16"], 0,
                                      f"ret_{lane}")
@@ -1248,10 +1240,7 @@ class ExpertChiplet(TieredComponent):
                 code = chosen_sum
             else:
                 code = requant(m, chosen_sum, cfg.gate_shift, cfg.combine_width, f"ret_{lane}")
-            data_reg = Signal.like(out.payload.data[lane], name=f"ret_data_{lane}")
-            with m.If(out.valid & out.ready):
-                m.d.sync += data_reg.eq(Mux(next_is_data, code, 0))
-            m.d.comb += out.payload.data[lane].eq(data_reg)
+            m.d.comb += out.payload.data[lane].eq(Mux(emit_flit < H, 0, code))
         with m.If(out.valid & out.ready):
             m.d.sync += emit_flit.eq(emit_flit + 1)
             with m.If(out_last):
