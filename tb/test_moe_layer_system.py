@@ -258,8 +258,9 @@ class LayerBench(StreamBench):
             return [self.rng.choice((low, high)) for _ in range(self.cfg.d_model)]
         return [self.rng.randint(low, high) for _ in range(self.cfg.d_model)]
 
-    def send_tokens(self, tokens, first_id=0):
-        """Queue tokens (ids from ``first_id``) and their golden y."""
+    def send_tokens(self, tokens, first_id=0, not_before=None):
+        """Queue tokens (ids from ``first_id``) and their golden y; ``not_before[i]``: token
+        i's beats are not offered before that edge."""
         cfg = self.cfg
         out = golden.layer(self.model, tokens)
         for offset, (x, y) in enumerate(zip(tokens, out["y"])):
@@ -269,7 +270,8 @@ class LayerBench(StreamBench):
                 lanes = (list(x[b * cfg.lanes:(b + 1) * cfg.lanes]) + [0] * cfg.lanes)[
                     :cfg.lanes]
                 self.sources["x"].send({"token": token, "data": lanes,
-                                        "last": int(b == cfg.x_flits - 1)})
+                                        "last": int(b == cfg.x_flits - 1)},
+                                       not_before[offset] if not_before else 0)
             self.expected[token] = [int(v) for v in y]
         self.routes.append(out)
         return out
@@ -353,6 +355,30 @@ async def test_random_stalls(dut, gap, stall):
     bench = await _setup(dut, f"stalls:{gap}:{stall}", gap, stall)
     tokens = [bench.random_x() for _ in range(2 * bench.cfg.batch + 1)]
     await bench.run(tokens, _budget(bench, len(tokens), gap, stall))
+
+
+@cocotb.test()
+async def test_one_bank_collects_while_another_holds_sums(dut):
+    """Two batches' tokens at once, then a third batch's trickled in, a token every 12 cycles
+    (its batch keeps growing: the idle gaps are shorter than batch_wait), all to the chiplet
+    of one hot expert: that chiplet collects into one token bank (writing x, and zeroing the
+    sums, at other token slots) while the other bank's sums are accumulated and returned.
+    Four rounds, the banks taking turns: y bit-exact. (A mutant that cleared bit 36 of one
+    slot's sum whenever another slot took a flit passed every other test: `moe_layer`'s 6 of
+    2026-11-29.)"""
+    _, config, _ = load_dut_config()
+    bench = await _setup(dut, "banks", hot=config.experts - 1)
+    cfg = bench.cfg
+    fast = min(2 * cfg.batch, (1 << cfg.token_width) // 2)
+    slow = min(cfg.batch, (1 << cfg.token_width) - fast)
+    for _ in range(4):
+        tokens = [bench.random_x() for _ in range(fast + slow)]
+        start = edge_now()
+        bench.expected.clear()
+        bench.y.received.clear()
+        bench.send_tokens(tokens, not_before=[0] * fast +
+                          [start + 8 * fast + 12 * (i + 1) for i in range(slow)])
+        await bench.finish(_budget(bench, len(tokens)) + 12 * slow)
 
 
 async def _until_unchanged(dut, read, quiet, max_cycles, what):

@@ -467,7 +467,7 @@ LAYER_CONFIGS = [
     # on fixed-point x.
     FP8_LAYER,
 ]
-LAYER_COCOTB_TESTS = 15
+LAYER_COCOTB_TESTS = 16
 
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
