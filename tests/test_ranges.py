@@ -109,7 +109,8 @@ def _config_key(name, params):
 
 def _distinct(ends):
     """``(block name, params)`` once per distinct configuration: different ends can need the
-    same one (``moe_layer`` has 7 such pairs), and each runs a whole suite on both simulators."""
+    same one (``moe_layer``'s defaults stand for several), and each runs a whole suite on both
+    simulators."""
     chosen = {}
     for name, _, params in ends:
         if params is not None:
