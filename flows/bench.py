@@ -112,8 +112,15 @@ def _throughputs(block, config, label):
     return figures
 
 
+def _synth_figures(block, config):
+    area = synthesize(block, config, "generic")
+    return {"synth_generic": {k: area[k] for k in ("cells", "flip_flops", "luts", "dsps", "abc")}}
+
+
 # part: (what it measures, its function (block, config, label) -> {record key: figures}).
 PARTS = {"throughput": ("test_throughput on both simulators", _throughputs),
+         "synth": ("synthesis (yosys, generic)",
+                   lambda block, config, _: _synth_figures(block, config)),
          "activity": ("switching activity per operation (VCD)",
                       lambda block, config, _: {"activity": activity(block, config)}),
          "pnr": ("place and route (nextpnr, ecp5)",
@@ -138,6 +145,12 @@ def run_part(output, part, blocks=None):
     elif part == "pnr":
         print(table(["block", "params", "ECP5 Fmax"],
                     [(r["block"], r["params"], fmax_text(r["pnr_ecp5"])) for r in records]))
+    elif part == "synth":
+        print(table(["block", "params", "cells", "flip-flops", "LUTs", "mapped"],
+                    [(r["block"], r["params"], *(r["synth_generic"][k] for k in
+                                                 ("cells", "flip_flops", "luts")),
+                      "ABC" if r["synth_generic"]["abc"] else "gate by gate")
+                     for r in records]))
     else:
         print(table(["block", "params", "measured (cycle-exact)", "verilator cyc/s",
                      "icarus cyc/s"],
@@ -167,9 +180,8 @@ def run_bench(output, blocks=None, only=None):
         print(f"bench: {block.name} {label} bare Verilator loop (the ceiling)", flush=True)
         record["bare_verilator_cycles_per_second"] = bare_cycles_per_second(block, config)
         print(f"bench: {block.name} {label} synthesis (yosys, generic)", flush=True)
-        area = synthesize(block, config, "generic")
-        record["synth_generic"] = {k: area[k] for k in ("cells", "flip_flops", "luts", "dsps",
-                                                         "abc")}
+        record.update(_synth_figures(block, config))
+        area = record["synth_generic"]
         record[f"cells_per_{block.area_unit}"] = area["cells"] / units
         print(f"bench: {block.name} {label} place and route (nextpnr, ecp5)", flush=True)
         record["pnr_ecp5"] = _pnr_figures(block, config)

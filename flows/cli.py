@@ -471,10 +471,10 @@ def _parser():
     p.add_argument("--block", action="append", metavar="NAME",
                    help="bench only this block (repeatable); `moegen docs --bench` then "
                         "replaces only its records")
-    p.add_argument("--only", choices=["throughput", "activity", "pnr"],
-                   help="measure only the throughput tests, the switching activity per "
-                        "operation, or place and route; `moegen docs --bench` then adds it to "
-                        "the recorded figures")
+    p.add_argument("--only", choices=["throughput", "synth", "activity", "pnr"],
+                   help="measure only the throughput tests, the generic synthesis, the "
+                        "switching activity per operation, or place and route; `moegen docs "
+                        "--bench` then adds it to the recorded figures")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("demo", help="the MoE layer end to end (generate, simulate against "
                        "NumPy, synthesize, one page and a picture)")

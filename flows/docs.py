@@ -51,6 +51,8 @@ def _metric_text(metrics):
 
 
 def _speed(record, simulator):
+    if simulator not in record:             # only partial runs' other figures
+        return "-"
     text = f"{record[simulator]['sim_cycles_per_second']:,.0f}"
     if f"{simulator}_buffered" in record:
         text += f" | {record[simulator + '_buffered']['sim_cycles_per_second']:,.0f}"
@@ -66,7 +68,9 @@ def _figures_table(name, bench):
     for r in records:
         if "synth_generic" not in r:        # only a partial run's figures (activity, pnr)
             continue
-        units = r.get(block.area_unit + "s", 1)
+        # A configuration measured only by partial runs has no count of its units recorded.
+        units = r.get(block.area_unit + "s") or block.area_units(
+            parse_params(block.config, r["params"].split()))
         area = r["synth_generic"]
         bare = r.get("bare_verilator_cycles_per_second")
         # Gate by gate (no ABC): an unoptimized upper bound, marked so.
@@ -74,7 +78,8 @@ def _figures_table(name, bench):
         abc = area["abc"] if "abc" in area else block.abc(
             parse_params(block.config, r["params"].split()))
         mapped = "" if abc else " (gate by gate)"
-        rows.append((r["params"] or "defaults", _metric_text(r["verilator"]["metrics"]),
+        measured = _metric_text(r["verilator"]["metrics"]) if "verilator" in r else "-"
+        rows.append((r["params"] or "defaults", measured,
                      _speed(r, "verilator") + (f" of {bare:,.0f} bare" if bare else ""),
                      _speed(r, "icarus"),
                      f"{area['cells']:,}{mapped}", f"{area['flip_flops']:,}",
@@ -83,19 +88,24 @@ def _figures_table(name, bench):
                      fmax_text(r.get("pnr_ecp5"))))
     full = [r for r in records if "synth_generic" in r] or records
     when = full[0].get("generated", bench.get("generated", "?"))
-    # A later `moegen bench --only throughput` run stamps the figures it re-measured.
-    again = sorted({r["verilator"]["generated"] for r in full
-                    if r.get("verilator", {}).get("generated", when) != when})
-    if again:
-        when += f" (the `test_throughput` figures of {', '.join(again)})"
+    # A later `moegen bench --only throughput|synth` run stamps the figures it re-measured.
+    later = []
+    for key, what in (("verilator", "the `test_throughput` figures"),
+                      ("synth_generic", "the synthesis figures")):
+        again = sorted({r[key]["generated"] for r in full
+                        if r.get(key, {}).get("generated", when) != when})
+        if again:
+            later.append(f"{what} of {', '.join(again)}")
+    if later:
+        when += f" ({'; '.join(later)})"
     note = (f"From `make bench` of {when} (docs/bench.json): figures "
             "measured by `test_throughput` on Verilator and asserted against the golden cycle "
             "model; simulated cycles per wall-clock second on both simulators (noisy: compare "
             "within one run; after a `|`, `test_buffered_throughput` on the buffered harness, "
             "`tb/buffered.py`); Yosys generic synthesis (`synth -lut 4`, the logic mapped by ABC "
             "unless marked gate by gate: an unoptimized upper bound); ECP5 Fmax: nextpnr on an "
-            "LFE5U-85F-6 out of context, seed 1 (`moegen synth BLOCK --target ecp5 --pnr`; a dash: "
-            "not measured in that run).\n\n")
+            "LFE5U-85F-6 out of context, seed 1 (`moegen synth BLOCK --target ecp5 --pnr`); "
+            "a dash: not measured in that run.\n\n")
     text = note + _md_table(["params", "measured (cycle-exact)", "Verilator cycles/s",
                              "Icarus cycles/s", "cells", "flip-flops", "LUTs", "cells per unit",
                              "ECP5 Fmax"], rows)

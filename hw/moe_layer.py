@@ -1581,7 +1581,9 @@ class MoELayer(TieredComponent):
 
 register(Block(
     name="moe_layer", family="moe_layer", config=MoELayerConfig, build=MoELayer,
-    tb="moe_layer_system", synth_abc=False,
+    # Hierarchical: the leaves are one chiplet module, mapped once (flattened, the compute-bound
+    # configuration's gate-level netlist outgrew 18 GB of memory in Yosys's techmap).
+    tb="moe_layer_system", synth_abc=False, synth_flatten=False,
     figures=lambda cfg: {"leaves": cfg.leaves, "pes": cfg.leaves * cfg.rows * cfg.cols *
                          cfg.arrays, "flits_per_token": cfg.header_flits + cfg.x_flits},
     summary="the Mozart MoE layer: gate, NoP dispatch, expert chiplets, in-network combine",

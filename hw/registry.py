@@ -65,10 +65,12 @@ class Block:
         tests (default: the family's): ``tb/test_<family>_<what>.py``.
     synth_flatten : bool or callable
         Flatten before the generic synthesis (the default). False maps each module on its
-        own: Yosys 0.70's ABC (yowasp) exits without a word on flattened netlists holding several
-        spike-gated arrays (spiking_moe, spiking_attention); the cells are then counted over
-        the hierarchy. A callable ``synth_flatten(config) -> bool`` decides per configuration
-        (:meth:`flatten`).
+        own, once however many instances it has: Yosys 0.70's ABC (yowasp) exits without a word
+        on flattened netlists holding several spike-gated arrays (spiking_moe,
+        spiking_attention), and moe_layer's flattened gate-level netlist (its leaves' chiplets
+        repeated) outgrows the machine's memory at its larger sizes; the cells are then counted
+        over the hierarchy, each module once per instance. A callable
+        ``synth_flatten(config) -> bool`` decides per configuration (:meth:`flatten`).
     """
     name: str
     family: str

@@ -131,3 +131,11 @@ def test_a_partial_throughput_run_is_dated_on_the_block_page():
     assert "From `make bench` of then (docs" in _figures_table("lif", merge_bench(old, old))
     page = _figures_table("lif", merge_bench(old, new))
     assert "From `make bench` of then (the `test_throughput` figures of now)" in page
+    # `moegen bench --only synth` replaces the cells the same way, and the page says so too.
+    area = {"cells": 7, "flip_flops": 2, "luts": 5, "abc": False}
+    synth = {"generated": "later", "results": [
+        {"block": "lif", "params": "", "partial": True, "synth_generic": area}]}
+    page = _figures_table("lif", merge_bench(merge_bench(old, new), synth))
+    assert ("From `make bench` of then (the `test_throughput` figures of now; the synthesis "
+            "figures of later)") in page
+    assert "| 7 (gate by gate) | 2 | 5 (gate by gate) |" in page
