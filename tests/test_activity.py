@@ -139,3 +139,16 @@ def test_a_partial_throughput_run_is_dated_on_the_block_page():
     assert ("From `make bench` of then (the `test_throughput` figures of now; the synthesis "
             "figures of later)") in page
     assert "| 7 (gate by gate) | 2 | 5 (gate by gate) |" in page
+
+
+def test_a_configuration_only_partial_runs_measured_gets_a_row():
+    """A demo configuration that only `moegen bench --only synth` measured: its cells, and per
+    unit as the block counts its units for those parameters; dashes for what no run measured."""
+    from flows.docs import _figures_table, merge_bench
+    area = {"cells": 800, "flip_flops": 2, "luts": 5, "abc": False}
+    synth = {"generated": "now", "results": [
+        {"block": "moe_layer", "params": "fanouts=2,2", "partial": True,
+         "synth_generic": area}]}
+    page = _figures_table("moe_layer", merge_bench({"results": []}, synth))
+    assert "| fanouts=2,2 | - | - | - | 800 (gate by gate) | 2 | 5 (gate by gate) | " \
+           "200 per chiplet | - |" in page
