@@ -36,7 +36,9 @@ zero header flits, then its aggregated values in the x positions. The root's com
 header flits dropped, is y.
 
 Floating point (``dtype`` fp8_e4m3 or fp8_e5m2, issue 17): x, the FFN weights and the
-activation table hold codes of ``dtype`` (``golden.fp``'s formats and cast rule); scales are 1.
+activation table hold codes of ``dtype`` (``golden.fp``'s formats and cast rule). Each expert's
+gate, up and down matrices have one E8M0 scale each (``w_scales``; D, F <= 64, so a matrix is one
+128 x 128 block of seed 003 §3.1's fine-grained scaling); x's scales are 1.
 
 1'. The gate stays in higher precision, as DeepSeek-V3 keeps its gating modules (seed 003
     §3.3): each x code is taken exactly as a fixed-point integer ``fixed_x`` = value *
@@ -46,9 +48,10 @@ activation table hold codes of ``dtype`` (``golden.fp``'s formats and cast rule)
 5'. ``g = scale_cast(Wg·x, fp32, dtype, shift_g)`` and ``u`` likewise with ``shift_u``, where a
     product ``W·x`` is the chiplet's systolic tile in floating point
     (``golden.systolic.fp_tile_result``: K split over ``tile_arrays`` slices of ceil(K/n),
-    each an ``fp_dot`` of group 1 with ``acc_frac`` and ``promote_every``, the slices' FP32
-    results added pairwise); ``h = multiply(act_lut[g], u, dtype, shift_h)``; ``y = Wd·h``
-    (FP32 codes). A shift is a power of two (2**-shift) folded into the one rounding.
+    each an ``fp_dot`` of group 1 with ``acc_frac`` and ``promote_every``, every promotion
+    multiplied by the matrix's scale, the slices' FP32 results added pairwise);
+    ``h = multiply(act_lut[g], u, dtype, shift_h)``; ``y = Wd·h`` (FP32 codes). A shift is a
+    power of two (2**-shift) folded into the one rounding.
 6'. A chiplet's return: per element, starting from +0, for its chosen experts in the order it
     applies them (its slot order) ``sum = add(sum, multiply(y_e, g_e, fp32, gate_shift))`` in
     FP32, each step rounded; returned as FP32 codes, or cast to BF16 (``combine_dtype``).
@@ -157,6 +160,8 @@ class MoELayer:
     slot_of: tuple = ()          # floating point: each expert's slot on its chiplet (the order
     fanouts: tuple = ()          # a chiplet adds its experts in; default ascending) and the
                                  # NoP tree (the order the switches add the returns in)
+    w_scales: tuple = ()         # floating point: per expert the E8M0 scale codes of its gate,
+                                 # up and down weight blocks (default: unit, 127)
 
     @property
     def routed(self):
@@ -180,7 +185,8 @@ class MoELayer:
         """y of expert e for x: integers (step 5), or FP32 codes (step 5')."""
         wg, wu, wd = self.experts[expert]
         if self.dtype != "int":
-            return _fp_ffn(self, wg, wu, wd, x)
+            scales = self.w_scales[expert] if self.w_scales else (UNIT_SCALE,) * 3
+            return _fp_ffn(self, (wg, wu, wd), scales, x)
         return ndp.ffn_expert(wg, wu, wd, x, self.act_lut, self.shifts, self.in_width,
                               self.acc_width)
 
@@ -221,9 +227,13 @@ def fixed_x(code, dtype):
     return -magnitude if sign else magnitude
 
 
-def _fp_matvec(model, matrix, vector):
-    """``matrix · vector`` (codes of ``dtype``) as the chiplet's floating-point tile computes
-    it: FP32 codes, one per row of the matrix."""
+UNIT_SCALE = 127                                    # E8M0: 2**(127 - 127)
+
+
+def _fp_matvec(model, matrix, vector, scale):
+    """``matrix · vector`` (codes of ``dtype``; ``scale`` the matrix's E8M0 block scale code,
+    x's scale unit) as the chiplet's floating-point tile computes it: FP32 codes, one per row
+    of the matrix."""
     n, size = model.tile_arrays, len(vector)
     depth = -(-size // n)
 
@@ -238,16 +248,17 @@ def _fp_matvec(model, matrix, vector):
     blocks = [-(-depth // config.scale_block)]
     return fp_tile_result(a_slices, b_slices, model.dtype, config,
                           [[[1.0] * blocks[0]] for _ in range(n)],
-                          [[1.0] * blocks[0] for _ in range(n)])[0]
+                          [[fp.e8m0_decode(scale)] * blocks[0] for _ in range(n)])[0]
 
 
-def _fp_ffn(model, wg, wu, wd, x):
+def _fp_ffn(model, matrices, scales, x):
     shift_g, shift_u, shift_h = model.shifts
+    (wg, wu, wd), (scale_g, scale_u, scale_d) = matrices, scales
     dtype = model.dtype
-    g = [fp.scale_cast(v, "fp32", dtype, shift_g) for v in _fp_matvec(model, wg, x)]
-    u = [fp.scale_cast(v, "fp32", dtype, shift_u) for v in _fp_matvec(model, wu, x)]
+    g = [fp.scale_cast(v, "fp32", dtype, shift_g) for v in _fp_matvec(model, wg, x, scale_g)]
+    u = [fp.scale_cast(v, "fp32", dtype, shift_u) for v in _fp_matvec(model, wu, x, scale_u)]
     h = [fp.multiply(model.act_lut[a], dtype, b, dtype, dtype, shift_h) for a, b in zip(g, u)]
-    return _fp_matvec(model, wd, h)
+    return _fp_matvec(model, wd, h, scale_d)
 
 
 def chiplet_return(model, leaf, choices, x, order=None):

@@ -431,8 +431,9 @@ class ExpertChipletConfig(PacketShape):
     dtype : str
         The expert datapath: ``int`` (the default: the integer datapath above), or
         ``fp8_e4m3``/``fp8_e5m2``: x, weights, activations and h are FP8 codes (in_width and
-        w_width 8), the tile's PEs floating point (``acc_frac``, ``promote_every``, unit
-        scales), the shifts powers of two folded into each rounding.
+        w_width 8), the tile's PEs floating point (``acc_frac``, ``promote_every``; x's scales
+        unit, each weight block's from its load), the shifts powers of two folded into each
+        rounding.
     acc_frac, promote_every : int
         Floating point: the tile's accumulator fraction bits and promotion interval.
     combine_dtype : str
@@ -512,8 +513,8 @@ class ExpertChipletConfig(PacketShape):
         self.tile_config()                   # promote_every: the tile's rule
 
     def tile_config(self):
-        """The systolic tile: integers of ``tile_width`` bits, or the FP8 PEs with unit scales
-        (E8M0 codes, 127: a promotion's scaling is then an exponent add, no multiplier)."""
+        """The systolic tile: integers of ``tile_width`` bits, or the FP8 PEs with E8M0 scales
+        (a promotion's scaling is then an exponent add, no multiplier)."""
         extra = {} if self.dtype == "int" else {
             "dtype": self.dtype, "acc_frac": self.acc_frac,
             "promote_every": self.promote_every, "scale_format": "e8m0"}
@@ -559,13 +560,21 @@ class ExpertChipletConfig(PacketShape):
                                      combine_dtype=self.combine_dtype)
 
 
+SCALE_MATRICES = ("gate", "up", "down")      # an expert's weight blocks, one E8M0 scale each
+UNIT_SCALE = 127                              # E8M0 2**(127 - 127) = 1
+
+
 def weights_layout(config):
-    """A weight beat: ``slot``, ``expert`` (read on a load's first beat), ``data`` (n*C signed
-    weights or FP8 codes, the tile-order layout of ``golden.moe_layer.weight_beats``),
-    ``last``."""
+    """A weight beat: ``slot``, ``expert`` (read on a load's first beat), with a floating-point
+    ``dtype`` ``scale`` (the E8M0 scales of the expert's gate, up and down weight blocks, also
+    read on the first beat), ``data`` (n*C signed weights or FP8 codes, the tile-order layout
+    of ``golden.moe_layer.weight_beats``), ``last``."""
+    scale = {} if config.dtype == "int" else {
+        "scale": data.StructLayout({name: 8 for name in SCALE_MATRICES})}
     return data.StructLayout({
         "slot": max(1, ceil_log2(config.slots)),
         "expert": max(1, ceil_log2(config.experts)),
+        **scale,
         "data": data.ArrayLayout(_element(config, config.w_width),
                                  config.schedule.weight_lanes),
         "last": 1})
@@ -650,8 +659,13 @@ class ExpertChiplet(TieredComponent):
         # build a beat and the wire to the tile's multipliers are then in different cycles
         # (the clock rate). A beat carries whether it ends its phase: the phase leaves the plan
         # when the executor moves past it, but counts as planned until the tile takes that beat.
+        # Floating point: a beat also carries the E8M0 scale of the weight block its b beat
+        # belongs to. The tile takes an a beat and a b beat together (its join), so the b
+        # beat the tile takes beside this a beat gets that scale (the b beats come from the
+        # scratchpad's read queue, which does not know their phase).
+        w_scale_field = {"w_scale": 8} if floating else {}
         a_slice = m.submodules.a_slice = RegisterSlice(data.StructLayout({
-            "beat": tile.a.payload.shape(), "phase_last": 1}))
+            "beat": tile.a.payload.shape(), "phase_last": 1, **w_scale_field}))
         m.d.comb += [tile.a.valid.eq(a_slice.o.valid), tile.a.payload.eq(a_slice.o.payload.beat),
                      a_slice.o.ready.eq(tile.a.ready)]
         phase_in_slice = a_slice.o.valid & a_slice.o.payload.phase_last
@@ -707,6 +721,10 @@ class ExpertChiplet(TieredComponent):
                 for s in range(S)]
         tag_set = [Signal(name=f"tag_set_{s}", reset_less=True) for s in range(S)]
         loaded = [Signal(name=f"loaded_{s}", reset_less=True) for s in range(S)]
+        # Floating point: each slot's E8M0 weight-block scales (gate, up, down), from its
+        # load's first beat; unit at start-up, kept through reset like the weights.
+        w_scales = [[Signal(8, init=UNIT_SCALE, name=f"w_scale_{s}_{name}", reset_less=True)
+                     for name in SCALE_MATRICES] for s in range(S)] if floating else []
 
         # Per token of the batch: id, x, the gate-weighted sums.
         product_bits = cfg.acc_width + cfg.gate_width + 1
@@ -776,6 +794,9 @@ class ExpertChiplet(TieredComponent):
                 with m.If(w_slot == s):
                     m.d.sync += [tags[s].eq(wload.payload.expert), tag_set[s].eq(1),
                                  loaded[s].eq(0)]
+                    if floating:
+                        m.d.sync += [scale.eq(wload.payload.scale[name])
+                                     for scale, name in zip(w_scales[s], SCALE_MATRICES)]
         with m.If(pmu.w.valid & pmu.w.ready):
             m.d.sync += load_beat.eq(load_beat + 1)
             with m.If(wload.payload.last != beats_end):
@@ -924,7 +945,8 @@ class ExpertChiplet(TieredComponent):
             "down": 1, "parity": 1, "rows": range(R + 1),
             "base": range(S * shape.expert_beats * V + 1),
             "token": data.ArrayLayout(range(TT), R),
-            "gate": data.ArrayLayout(cfg.gate_width, R)})
+            "gate": data.ArrayLayout(cfg.gate_width, R),
+            **({"slot": range(S)} if floating else {})})  # (its weight blocks' scales)
         plan = m.submodules.plan = SyncFIFO(width=phase_layout.size, depth=PLAN_DEPTH)
         jobs = m.submodules.jobs = SyncFIFO(width=phase_layout.size, depth=PLAN_DEPTH)
 
@@ -942,6 +964,8 @@ class ExpertChiplet(TieredComponent):
         m.d.comb += [found.down.eq(0), found.parity.eq(parity),
                      found.rows.eq(Mux(remaining > R, R, remaining)),
                      found.base.eq(slot * (shape.expert_beats * V))]
+        if floating:
+            m.d.comb += found.slot.eq(slot)
         run_members = select_rows(r_bank, members)      # [slot][position] of the run bank
         run_gates = select_rows(r_bank, member_gates)
 
@@ -1046,10 +1070,14 @@ class ExpertChiplet(TieredComponent):
                      pmu.r.ready.eq(tile.b.ready)]
         m.d.comb += [tile.b.payload.data[v].eq(pmu.r.payload.data[v].as_signed())
                      for v in range(V)]
-        if floating:                                   # unit scales: the codes are the values
-            one = 127                                  # E8M0: 2**(127 - 127)
-            m.d.comb += [*[scale.eq(one) for scale in a_beat.scale],
-                         *[scale.eq(one) for scale in tile.b.payload.scale]]
+        if floating:
+            # x's scales are unit; b's are the phase's weight block's (kind: gate, up, down),
+            # carried beside the a beat (above).
+            m.d.comb += [*[scale.eq(UNIT_SCALE) for scale in a_beat.scale],
+                         a.payload.w_scale.eq(select(phase.slot, [
+                             select(kind, list(scales)) for scales in w_scales])),
+                         *[scale.eq(a_slice.o.payload.w_scale)
+                           for scale in tile.b.payload.scale]]
         for i in range(R):
             row_ok = i < phase.rows
             x_row = [row_select(phase.token[i], i, [x[t][d] for t in range(TT)])

@@ -15,7 +15,7 @@ from cocotb.triggers import ClockCycles
 from golden import moe_layer as golden
 from golden import ndp as golden_ndp
 from golden.fixed import signed_limits
-from tb.fp8 import random_code, random_token
+from tb.fp8 import UNIT_SCALES, random_code, random_scales, random_token
 from tb.harness import start_bench, write_throughput
 from tb.streams import (LONG_BURSTS, STALL_PROFILES, InOrderScoreboard, StreamBench, edge_now,
                         pause_fraction, reset_dut, wait_for)
@@ -31,6 +31,7 @@ class ChipletBench(StreamBench):
         self.up = self.sinks["up"]
         self.board = InOrderScoreboard("up", component.up.payload.shape())
         self.slot_expert = {}               # slot -> (expert, (wg, wu, wd)), after its load
+        self.slot_scales = {}               # slot -> its weight-block scales (floating point)
         self.act = [0] * (1 << config.in_width)
         self.tokens = 0
         self.token_slots = []               # per token sent: the slots its choices use
@@ -55,21 +56,29 @@ class ChipletBench(StreamBench):
         return (matrix(cfg.d_ff, cfg.d_model), matrix(cfg.d_ff, cfg.d_model),
                 matrix(cfg.d_model, cfg.d_ff))
 
-    def load(self, slot, expert, weights=None):
-        """Queue one expert's load into ``slot``; the golden slot follows."""
+    def load(self, slot, expert, weights=None, scales=None):
+        """Queue one expert's load into ``slot``; the golden slot follows. Floating point:
+        ``scales`` its weight blocks' E8M0 scales (random with random weights, else unit)."""
+        assigned = self.slot_expert.get(slot, (None, None))[1]
+        if scales is None:                  # an assigned expert's (below), else random
+            scales = (self.slot_scales[slot] if weights is not None and weights is assigned
+                      else random_scales(self.rng) if weights is None else UNIT_SCALES)
         weights = weights or self.random_expert()
         beats = golden.weight_beats(self.shape, *weights)
+        extra = {"scale": scales} if self.floating else {}
         for index, beat in enumerate(beats):
-            self.sources["weights"].send({"slot": slot, "expert": expert, "data": beat,
-                                          "last": int(index == len(beats) - 1)})
+            self.sources["weights"].send({"slot": slot, "expert": expert, **extra,
+                                          "data": beat, "last": int(index == len(beats) - 1)})
         self.slot_expert[slot] = (expert, weights)
+        self.slot_scales[slot] = scales
 
     def assign(self, slot, expert, weights=None):
-        """Queue an assignment of ``expert`` to ``slot`` (its weights to be loaded later with
-        :meth:`load`); the golden slot follows. Returns the weights."""
+        """Queue an assignment of ``expert`` to ``slot`` (its weights, and random scales, to
+        be loaded later with :meth:`load`); the golden slot follows. Returns the weights."""
         weights = weights or self.random_expert()
         self.sources["assign"].send({"slot": slot, "expert": expert})
         self.slot_expert[slot] = (expert, weights)
+        self.slot_scales[slot] = random_scales(self.rng)
         return weights
 
     def load_act(self, table=None):
@@ -99,10 +108,12 @@ class ChipletBench(StreamBench):
         cfg = self.cfg
         experts = [self.random_expert_zero()] * cfg.experts
         placement = [1] * cfg.experts
-        for expert, weights in self.slot_expert.values():
+        scales = [(127, 127, 127)] * cfg.experts
+        for slot, (expert, weights) in self.slot_expert.items():
             experts = list(experts)
             experts[expert] = weights
             placement[expert] = 0
+            scales[expert] = tuple(self.slot_scales.get(slot, UNIT_SCALES).values())
         return golden.MoELayer(
             wg=[[0] * cfg.experts] * cfg.d_model, experts=experts, placement=placement,
             gate_lut=[0], act_lut=list(self.act),
@@ -110,7 +121,7 @@ class ChipletBench(StreamBench):
             acc_width=cfg.acc_width, gate_shift=cfg.gate_shift, data_width=cfg.data_width,
             combine_width=cfg.combine_width, lanes=cfg.lanes, gate_width=cfg.gate_width,
             dtype=cfg.dtype, acc_frac=cfg.acc_frac, promote_every=cfg.promote_every,
-            tile_arrays=cfg.arrays, combine_dtype=cfg.combine_dtype)
+            tile_arrays=cfg.arrays, combine_dtype=cfg.combine_dtype, w_scales=tuple(scales))
 
     def random_expert_zero(self):
         cfg = self.cfg

@@ -17,7 +17,7 @@ from golden import moe_layer as golden
 from golden import ndp as golden_ndp
 from golden.dram import Ddr4Stream
 from golden.fixed import signed_limits
-from tb.fp8 import largest_code, random_code, random_token
+from tb.fp8 import UNIT_SCALES, largest_code, random_code, random_scales, random_token
 from tb.harness import load_dut_config, start_bench, write_throughput
 from tb.streams import (STALL_PROFILES, HeldPauses, StreamBench, edge_now, pause_fraction,
                         wait_for)
@@ -104,7 +104,9 @@ class LayerBench(StreamBench):
             combine_width=cfg.combine_width, lanes=cfg.lanes, leaves=cfg.leaves,
             dtype=cfg.dtype, acc_frac=cfg.acc_frac, promote_every=cfg.promote_every,
             tile_arrays=cfg.arrays, combine_dtype=cfg.combine_dtype,
-            fanouts=tuple(cfg.fanouts))
+            fanouts=tuple(cfg.fanouts),
+            w_scales=tuple(tuple(random_scales(rng).values())
+                           for _ in range(cfg.experts + cfg.shared)) if self.floating else ())
 
     def with_shared(self, table):
         """An expert-to-leaf table of the routed experts, and the shared expert's leaf; every
@@ -141,9 +143,9 @@ class LayerBench(StreamBench):
             source["table"].send({"expert": expert, "leaf": leaf})
         for index, value in enumerate(model.act_lut):
             source["act_lut"].send({"index": index, "value": value})
+        self.model = model                  # (before the loads: their scales)
         if weights:
             self.send_loads(self.resident_loads(model), dram)
-        self.model = model
         shape = cfg.chiplet_config().schedule
         budget = 30 * (cfg.d_model + len(model.gate_lut) + len(model.act_lut) +
                        cfg.experts * shape.expert_beats) + 1000
@@ -151,9 +153,19 @@ class LayerBench(StreamBench):
                        budget, "configuration written")
 
     def zero_expert(self):
+        """The zero weights of a slot left over (one object: :meth:`load_scales` knows it)."""
         cfg = self.cfg
-        return ([[0] * cfg.d_model] * cfg.d_ff, [[0] * cfg.d_model] * cfg.d_ff,
-                [[0] * cfg.d_ff] * cfg.d_model)
+        if getattr(self, "_zero", None) is None:
+            self._zero = ([[0] * cfg.d_model] * cfg.d_ff, [[0] * cfg.d_model] * cfg.d_ff,
+                          [[0] * cfg.d_ff] * cfg.d_model)
+        return self._zero
+
+    def load_scales(self, expert, matrices):
+        """A load's E8M0 weight-block scales: the model's for its expert; unit for a slot's
+        zero weights (so that they add +0 whatever the expert's scales, NaN among them)."""
+        if matrices is self.zero_expert() or not self.model.w_scales:
+            return UNIT_SCALES
+        return dict(zip(UNIT_SCALES, self.model.w_scales[expert]))
 
     def resident_loads(self, model):
         """``(leaf, slot, expert, matrices)``: every expert in a slot of its chiplet, in expert
@@ -190,10 +202,11 @@ class LayerBench(StreamBench):
             beat_index = 0
             for leaf, slot, expert, matrices in mine:
                 beats = golden.weight_beats(shape, *matrices)
+                extra = {"scale": self.load_scales(expert, matrices)} if self.floating else {}
                 for index, beat in enumerate(beats):
                     self.sources[f"weights__{group}"].send(
                         {"leaf": leaf % cfg.group_leaves, "slot": slot, "expert": expert,
-                         "data": beat, "last": int(index == len(beats) - 1)},
+                         **extra, "data": beat, "last": int(index == len(beats) - 1)},
                         start + arrival[beat_index] if dram else 0)
                     beat_index += 1
             self.loaded_beats += beat_index

@@ -2,6 +2,7 @@
 moe_layer on both simulators (2D, and the 3D build in lockstep with the 2D)."""
 
 import dataclasses
+import math
 import random
 import re
 from pathlib import Path
@@ -13,7 +14,7 @@ from conftest import config_id, on_off_pattern, run_amaranth, run_block, two_d_p
 from flows.demo import FP8_LAYER
 from flows.verilog import NOT_INLINED, convert, generate
 from golden import moe_layer as golden
-from golden import ndp, router
+from golden import fp, ndp, router
 from golden.fixed import signed_limits, wrap
 from hw.params import ParamError
 from hw.registry import get_block
@@ -532,6 +533,35 @@ def test_a_shared_expert_joins_every_token_on_its_leaf_with_the_largest_gate():
     y = sum(np.asarray(golden.chiplet_return(model, leaf, choices, x), dtype=object)
             for leaf in range(4) if out["masks"][0] >> leaf & 1)
     assert out["y"][0] == [wrap(v, 24) for v in y]
+
+
+def test_a_weight_block_scale_scales_its_matrix_alone():
+    """Floating point: an expert's E8M0 weight-block scales (gate, up, down) multiply its own
+    matrix's products at each promotion. A down scale of 2 doubles y exactly (a power of two
+    commutes with each rounding while values stay normal and finite); a gate scale of 2 moves
+    g, so h and y change; a NaN scale (255) makes y NaN; unit scales are the default."""
+    rng = random.Random(5)
+    d_model, d_ff = 6, 4
+
+    def matrix(rows, cols):
+        return [[fp.encode(rng.gauss(0.0, 0.25), "fp8_e4m3") for _ in range(cols)]
+                for _ in range(rows)]
+    model = golden.MoELayer(
+        wg=[[0]] * d_model, experts=[(matrix(d_ff, d_model), matrix(d_ff, d_model),
+                                      matrix(d_model, d_ff))],
+        placement=[0], gate_lut=[0], act_lut=golden.fp_activation_lut("silu", "fp8_e4m3"),
+        shifts=(0, 0, 0), k=1, dtype="fp8_e4m3", combine_dtype="fp32", combine_width=32,
+        tile_arrays=2, promote_every=2)
+    x = [fp.encode(rng.gauss(0.0, 1.0), "fp8_e4m3") for _ in range(d_model)]
+    unit = model.ffn(0, x)
+    assert dataclasses.replace(model, w_scales=((127, 127, 127),)).ffn(0, x) == unit
+    values = [fp.decode(v, "fp32") for v in unit]
+    assert any(values) and all(abs(v) > 2.0 ** -100 or v == 0 for v in values)
+    doubled = dataclasses.replace(model, w_scales=((127, 127, 128),)).ffn(0, x)
+    assert [fp.decode(v, "fp32") for v in doubled] == [2 * v for v in values]
+    assert dataclasses.replace(model, w_scales=((128, 127, 127),)).ffn(0, x) != unit
+    nan = dataclasses.replace(model, w_scales=((127, 255, 127),)).ffn(0, x)
+    assert all(math.isnan(fp.decode(v, "fp32")) for v in nan)
 
 
 # --- the register slice in front of the chiplet's tile (hw.pipeline.RegisterSlice) -----------
