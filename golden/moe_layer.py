@@ -36,20 +36,27 @@ zero header flits, then its aggregated values in the x positions. The root's com
 header flits dropped, is y.
 
 Floating point (``dtype`` fp8_e4m3 or fp8_e5m2, issue 17): x, the FFN weights and the
-activation table hold codes of ``dtype`` (``golden.fp``'s formats and cast rule). Each expert's
-gate, up and down matrices have one E8M0 scale each (``w_scales``; D, F <= 64, so a matrix is one
-128 x 128 block of seed 003 §3.1's fine-grained scaling); x's scales are 1.
+activation table hold codes of ``dtype`` (``golden.fp``'s formats and cast rule), with seed 003
+§3.1's fine-grained scales, E8M0 codes c of value 2**(c - 127) (255: NaN): each token one for x
+(``layer``'s ``x_scales``: D <= 64, so x is one 1 x 128 tile), and each expert one for each of
+its gate, up and down matrices (``w_scales``: each one 128 x 128 block). x's value is its codes
+times its scale; the packet carries the scale as one more header entry, after the choices
+(``header_flits(k + shared + 1, lanes)`` header flits).
 
 1'. The gate stays in higher precision, as DeepSeek-V3 keeps its gating modules (seed 003
     §3.3): each x code is taken exactly as a fixed-point integer ``fixed_x`` = value *
     2**FIXED_FRACTION[dtype] (the smallest subnormal is 1; NaN as 0, an infinity as the
     largest finite value), and steps 1-4 run on those integers with the integer W_g.
+2'. The token's scale c moves the score's rounding: ``s_e = scaled_requant(raw_e, score_shift
+    - (c - 127), score_width) + 2**(score_width-1)``, a negative shift being a left shift that
+    saturates; a NaN scale makes every raw_e 0.
 
 5'. ``g = scale_cast(Wg·x, fp32, dtype, shift_g)`` and ``u`` likewise with ``shift_u``, where a
     product ``W·x`` is the chiplet's systolic tile in floating point
     (``golden.systolic.fp_tile_result``: K split over ``tile_arrays`` slices of ceil(K/n),
     each an ``fp_dot`` of group 1 with ``acc_frac`` and ``promote_every``, every promotion
-    multiplied by the matrix's scale, the slices' FP32 results added pairwise);
+    multiplied by the matrix's scale and x's (h's scale is 1), the slices' FP32 results added
+    pairwise);
     ``h = multiply(act_lut[g], u, dtype, shift_h)``; ``y = Wd·h`` (FP32 codes). A shift is a
     power of two (2**-shift) folded into the one rounding.
 6'. A chiplet's return: per element, starting from +0, for its chosen experts in the order it
@@ -73,14 +80,31 @@ __all__ = ["MoELayer", "score_codes", "gate_weights", "dispatch_flits", "parse_h
            "chiplet_stream_returns", "chiplet_stream_edges",
            "gate_latency", "ChipletShape", "weight_beats", "chiplet_figures",
            "chiplet_batch_edges", "community_workload", "placements", "stream_order",
-           "RESULT_STAGES", "A_SLICE_EDGES"]
+           "RESULT_STAGES", "A_SLICE_EDGES", "scaled_requant", "UNIT_SCALE", "NAN_SCALE"]
+
+UNIT_SCALE = 127                                    # E8M0: 2**(127 - 127)
+NAN_SCALE = 255                                     # E8M0's one NaN
 
 
-def score_codes(x, wg, acc_width, score_shift, score_width):
-    """Unsigned router codes of one token (steps 1-2); ``wg`` is D x E."""
+def score_codes(x, wg, acc_width, score_shift, score_width, scale=None):
+    """Unsigned router codes of one token (steps 1-2); ``wg`` is D x E. Floating point: the
+    token's E8M0 ``scale`` c multiplies each wrapped sum by 2**(c - 127) before the rounding
+    (step 2'); NaN (255) makes every sum 0."""
     raw = np.asarray(x, dtype=object).dot(np.asarray(wg, dtype=object))
     bias = 1 << (score_width - 1)
-    return [ndp.requant(wrap(v, acc_width), score_shift, score_width) + bias for v in raw]
+    if scale is None or scale == UNIT_SCALE:
+        return [ndp.requant(wrap(v, acc_width), score_shift, score_width) + bias for v in raw]
+    if scale == NAN_SCALE:
+        return [ndp.requant(0, score_shift, score_width) + bias for _ in raw]
+    return [scaled_requant(wrap(v, acc_width), score_shift - (scale - UNIT_SCALE), score_width)
+            + bias for v in raw]
+
+
+def scaled_requant(value, shift, width):
+    """``golden.ndp.requant`` for a shift that may be negative (a left shift, saturating)."""
+    if shift >= 0:
+        return ndp.requant(value, shift, width)
+    return ndp.requant(int(value) << -shift, 0, width)
 
 
 def gate_weights(codes, experts, gate_lut):
@@ -100,13 +124,16 @@ def gate_latency(k, groups, topk_groups):
     return 5 + router.pipeline_latency(k, groups, topk_groups) + 1
 
 
-def dispatch_flits(experts, gates, x, lanes, gate_width):
+def dispatch_flits(experts, gates, x, lanes, gate_width, scale=None):
     """The flits of one token's dispatch packet (header, then x), as lists of lane values
-    (header entries as their unsigned bits)."""
-    count = header_flits(len(experts), lanes)
+    (header entries as their unsigned bits). Floating point: x's E8M0 ``scale`` code is one
+    more header entry, after the choices."""
+    entries = [(int(expert) << gate_width) | int(gate) for expert, gate in zip(experts, gates)]
+    entries += [] if scale is None else [int(scale)]
+    count = header_flits(len(entries), lanes)
     header = [[0] * lanes for _ in range(count)]
-    for j, (expert, gate) in enumerate(zip(experts, gates)):
-        header[j // lanes][j % lanes] = (int(expert) << gate_width) | int(gate)
+    for j, entry in enumerate(entries):
+        header[j // lanes][j % lanes] = entry
     body = [[0] * lanes for _ in range(-(-len(x) // lanes))]
     for d, value in enumerate(x):
         body[d // lanes][d % lanes] = int(value)
@@ -128,8 +155,9 @@ class MoELayer:
     ``golden.ndp``); ``placement[e]``: the chiplet (leaf) of expert e; ``gate_lut``:
     2**score_width unsigned entries; ``act_lut``: 2**in_width signed entries; ``shifts``:
     (shift_g, shift_u, shift_h) of the FFN; ``leaves``: the chiplets, counted in the per-chiplet
-    figures even when no expert sits on some (0: those the placement uses). With ``shared``, ``experts`` and ``placement`` have
-    one more entry, the shared expert's (index E = the columns of ``wg``).
+    figures even when no expert sits on some (0: those the placement uses). With ``shared``,
+    ``experts`` and ``placement`` (and ``w_scales``) have one more entry, the shared expert's
+    (index E = the columns of ``wg``).
     """
     wg: list
     experts: list
@@ -181,12 +209,14 @@ class MoELayer:
     def d_ff(self):
         return len(self.experts[0][0])
 
-    def ffn(self, expert, x):
-        """y of expert e for x: integers (step 5), or FP32 codes (step 5')."""
+    def ffn(self, expert, x, x_scale=None):
+        """y of expert e for x: integers (step 5), or FP32 codes (step 5'; ``x_scale`` x's
+        E8M0 scale code, default unit)."""
         wg, wu, wd = self.experts[expert]
         if self.dtype != "int":
             scales = self.w_scales[expert] if self.w_scales else (UNIT_SCALE,) * 3
-            return _fp_ffn(self, (wg, wu, wd), scales, x)
+            return _fp_ffn(self, (wg, wu, wd), scales, x,
+                           UNIT_SCALE if x_scale is None else x_scale)
         return ndp.ffn_expert(wg, wu, wd, x, self.act_lut, self.shifts, self.in_width,
                               self.acc_width)
 
@@ -227,13 +257,10 @@ def fixed_x(code, dtype):
     return -magnitude if sign else magnitude
 
 
-UNIT_SCALE = 127                                    # E8M0: 2**(127 - 127)
-
-
-def _fp_matvec(model, matrix, vector, scale):
+def _fp_matvec(model, matrix, vector, scale, vector_scale):
     """``matrix · vector`` (codes of ``dtype``; ``scale`` the matrix's E8M0 block scale code,
-    x's scale unit) as the chiplet's floating-point tile computes it: FP32 codes, one per row
-    of the matrix."""
+    ``vector_scale`` the vector's) as the chiplet's floating-point tile computes it: FP32
+    codes, one per row of the matrix."""
     n, size = model.tile_arrays, len(vector)
     depth = -(-size // n)
 
@@ -247,25 +274,28 @@ def _fp_matvec(model, matrix, vector, scale):
                 for s in range(n)]
     blocks = [-(-depth // config.scale_block)]
     return fp_tile_result(a_slices, b_slices, model.dtype, config,
-                          [[[1.0] * blocks[0]] for _ in range(n)],
+                          [[[fp.e8m0_decode(vector_scale)] * blocks[0]] for _ in range(n)],
                           [[fp.e8m0_decode(scale)] * blocks[0] for _ in range(n)])[0]
 
 
-def _fp_ffn(model, matrices, scales, x):
+def _fp_ffn(model, matrices, scales, x, x_scale):
     shift_g, shift_u, shift_h = model.shifts
     (wg, wu, wd), (scale_g, scale_u, scale_d) = matrices, scales
     dtype = model.dtype
-    g = [fp.scale_cast(v, "fp32", dtype, shift_g) for v in _fp_matvec(model, wg, x, scale_g)]
-    u = [fp.scale_cast(v, "fp32", dtype, shift_u) for v in _fp_matvec(model, wu, x, scale_u)]
+    g = [fp.scale_cast(v, "fp32", dtype, shift_g)
+         for v in _fp_matvec(model, wg, x, scale_g, x_scale)]
+    u = [fp.scale_cast(v, "fp32", dtype, shift_u)
+         for v in _fp_matvec(model, wu, x, scale_u, x_scale)]
     h = [fp.multiply(model.act_lut[a], dtype, b, dtype, dtype, shift_h) for a, b in zip(g, u)]
-    return _fp_matvec(model, wd, h, scale_d)
+    return _fp_matvec(model, wd, h, scale_d, UNIT_SCALE)        # (h: codes at their values)
 
 
-def chiplet_return(model, leaf, choices, x, order=None):
+def chiplet_return(model, leaf, choices, x, order=None, x_scale=None):
     """What chiplet ``leaf`` returns for a token (step 6, or 6' in floating point): its
     aggregated values, one per element of x. ``choices``: ``[(expert, gate)]`` of the token;
     ``order``: the chiplet's experts in the order it applies them (default: by
-    ``model.slot_of``, else ascending), which only floating point depends on."""
+    ``model.slot_of``, else ascending), which only floating point depends on, as on
+    ``x_scale`` (x's E8M0 scale code, default unit)."""
     held = [(e, g) for e, g in choices if model.placement[e] == leaf]
     if model.dtype != "int":
         if order is not None:
@@ -275,7 +305,7 @@ def chiplet_return(model, leaf, choices, x, order=None):
         total = [0] * len(x)
         for expert, gate in sorted(held, key=lambda c: (rank.get(c[0], c[0]), c[0])):
             total = [fp.add(t, fp.multiply(y, "fp32", gate, None, "fp32", model.gate_shift),
-                            "fp32") for t, y in zip(total, model.ffn(expert, x))]
+                            "fp32") for t, y in zip(total, model.ffn(expert, x, x_scale))]
         if model.combine_dtype == "bf16":
             return [fp.scale_cast(t, "fp32", "bf16") for t in total]
         return total
@@ -290,7 +320,7 @@ def expert_macs(d_model, d_ff):
     return 3 * d_model * d_ff
 
 
-def layer(model, tokens):
+def layer(model, tokens, x_scales=None):
     """The layer over a batch: per token its route and y, and per chiplet its work.
 
     Parameters
@@ -298,6 +328,8 @@ def layer(model, tokens):
     model : MoELayer
     tokens : list of list of int
         The batch, in arrival order.
+    x_scales : list of int, optional
+        Floating point: each token's E8M0 scale code (default unit, 127).
 
     Returns
     -------
@@ -312,10 +344,11 @@ def layer(model, tokens):
            "chiplet_tokens": [0] * chiplets, "chiplet_macs": [0] * chiplets}
     per_expert = expert_macs(model.d_model, model.d_ff)
     floating = model.dtype != "int"
-    for x in tokens:
+    for index, x in enumerate(tokens):
+        x_scale = UNIT_SCALE if x_scales is None else x_scales[index]
         gate_x = [fixed_x(code, model.dtype) for code in x] if floating else x
         codes = score_codes(gate_x, model.wg, model.score_acc_width, model.score_shift,
-                            model.score_width)
+                            model.score_width, x_scale if floating else None)
         experts, _ = router.route(codes, model.k, model.groups, model.topk_groups)
         gates = gate_weights(codes, experts, model.gate_lut)
         choices = model.choices(experts, gates)
@@ -327,7 +360,7 @@ def layer(model, tokens):
                     total = total + np.asarray(chiplet_return(model, leaf, choices, x),
                                                dtype=object)
                 out["chiplet_tokens"][leaf] += 1
-        y = _float_combine(model, mask, choices, x) if floating else [
+        y = _float_combine(model, mask, choices, x, x_scale) if floating else [
             wrap(v, model.combine_width) for v in total]
         for expert, _ in choices:
             out["chiplet_macs"][model.placement[expert]] += per_expert
@@ -338,15 +371,16 @@ def layer(model, tokens):
     return out
 
 
-def _float_combine(model, mask, choices, x):
+def _float_combine(model, mask, choices, x, x_scale):
     """Step 7': the chiplets' returns (``combine_dtype`` codes) added by the NoP tree
     (``golden.nop.combine``: each switch adds its children's in child order, each addition
-    rounded); y is the combined packet's x positions."""
-    lanes, head = model.lanes, header_flits(len(choices), model.lanes)
+    rounded); y is the combined packet's x positions. (The packet's header: the choices and
+    x's scale.)"""
+    lanes, head = model.lanes, header_flits(len(choices) + 1, model.lanes)
     flits = head + -(-len(x) // lanes)
 
     def leaf_output(leaf, packet):
-        values = chiplet_return(model, leaf, choices, x)
+        values = chiplet_return(model, leaf, choices, x, x_scale=x_scale)
         body = [[values[b * lanes + lane] if b * lanes + lane < len(x) else 0
                  for lane in range(lanes)] for b in range(flits - head)]
         return [[0] * lanes for _ in range(head)] + body

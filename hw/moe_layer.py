@@ -49,16 +49,18 @@ __all__ = ["MoEGateConfig", "MoEGate", "ExpertChipletConfig", "ExpertChiplet", "
            "MoELayer"]
 
 SHIFT_RANGE = 48
+UNIT_SCALE, NAN_SCALE = golden.UNIT_SCALE, golden.NAN_SCALE     # E8M0 codes: 1, NaN
 PLAN_DEPTH = golden.PLAN_DEPTH   # expert_chiplet: tile phases planned (weight jobs queued) ahead
 
 
 class PacketShape:
     """The dispatch packet's shape, for a config with ``k``, ``lanes`` and ``d_model`` (and
-    ``shared``: a shared expert's header entry after the k routed ones)."""
+    ``shared``: a shared expert's header entry after the k routed ones; a floating-point
+    ``dtype``: x's E8M0 scale, the last header entry)."""
 
     @property
     def header_entries(self):
-        return self.k + getattr(self, "shared", 0)
+        return self.k + getattr(self, "shared", 0) + (getattr(self, "dtype", "int") != "int")
 
     @property
     def header_flits(self):
@@ -157,7 +159,10 @@ class MoEGateConfig(PacketShape):
 
 
 def x_layout(config):
-    return data.StructLayout({"token": config.token_width,
+    """An x beat: ``token``, with a floating-point ``dtype`` ``scale`` (x's E8M0 scale, read on
+    the token's first beat), ``data`` (L elements), ``last``."""
+    scale = {} if config.dtype == "int" else {"scale": 8}
+    return data.StructLayout({"token": config.token_width, **scale,
                               "data": data.ArrayLayout(_element(config, config.in_width),
                                                        config.lanes),
                               "last": 1})
@@ -270,8 +275,19 @@ class MoEGate(ConfiguredComponent):
         final = beat == B - 1
         read = weights.read_port(transparent_for=())
         acc = [Signal(signed(cfg.acc_width), name=f"acc_{e}") for e in range(E)]
+        floating = cfg.dtype != "int"
+        # Floating point: the token's scale, its first beat's, goes with every beat (into the
+        # score pipeline, and into the x FIFO, whose head is the token's first beat when its
+        # header leaves).
+        scale_now = Const(UNIT_SCALE, 8)
+        if floating:
+            first_scale = Signal(8, name="first_scale", reset_less=True)
+            scale_now = Mux(beat == 0, self.x.payload.scale, first_scale)
+            with m.If(self.x.valid & self.x.ready & (beat == 0)):
+                m.d.sync += first_scale.eq(self.x.payload.scale)
+        x_bits = L * cfg.in_width
         fifo = m.submodules.x_fifo = SyncFIFOBuffered(
-            width=L * cfg.in_width, depth=B * (cfg.router_config().latency + 7))
+            width=x_bits + (8 if floating else 0), depth=B * (cfg.router_config().latency + 7))
         scores = router.scores
         totals_final = Signal()
         advance = Signal()
@@ -280,7 +296,9 @@ class MoEGate(ConfiguredComponent):
         m.d.comb += [self.x.ready.eq(fifo.w_rdy & advance), read.addr.eq(beat),
                      read.en.eq(advance)]
         taken = self.x.valid & self.x.ready
-        m.d.comb += [fifo.w_en.eq(taken), fifo.w_data.eq(self.x.payload.data.as_value())]
+        scale_bits = scale_now if floating else Const(0, 0)
+        m.d.comb += [fifo.w_en.eq(taken),
+                     fifo.w_data.eq(Cat(self.x.payload.data.as_value(), scale_bits))]
         with m.If(taken):
             with m.If(self.x.payload.last != final):
                 m.d.sync += error.eq(1)
@@ -288,6 +306,7 @@ class MoEGate(ConfiguredComponent):
         beat_valid = pipe.reg(taken, "beat_valid")
         beat_final = pipe.reg(final, "beat_final")
         beat_token = pipe.reg(self.x.payload.token, "beat_token")
+        beat_scale = pipe.reg(scale_now, "beat_scale") if floating else None
         beat_x = pipe.reg(self.x.payload.data.as_value(), "beat_x")
         lanes_x = [beat_x[l * cfg.in_width:(l + 1) * cfg.in_width].as_signed()
                    for l in range(L)]
@@ -304,10 +323,12 @@ class MoEGate(ConfiguredComponent):
         products_valid = pipe.reg(beat_valid, "products_valid")
         products_final = pipe.reg(beat_final, "products_final")
         products_token = pipe.reg(beat_token, "products_token")
+        products_scale = pipe.reg(beat_scale, "products_scale") if floating else None
         beat_sums = [pipe.reg(sum(products[e]).as_signed(), f"beat_sum_{e}") for e in range(E)]
         sums_valid = pipe.reg(products_valid, "sums_valid")
         sums_final = pipe.reg(products_final, "sums_final")
         sums_token = pipe.reg(products_token, "sums_token")
+        sums_scale = pipe.reg(products_scale, "sums_scale") if floating else None
         # The accumulators; a final beat's totals are registered, their codes made in the next
         # stage (the wide add and the requantization do not fit in one cycle).
         totals = []
@@ -318,13 +339,32 @@ class MoEGate(ConfiguredComponent):
             totals.append(pipe.reg(total, f"total_{e}"))
         pipe.add(totals_final.eq(sums_valid & sums_final))
         totals_token = pipe.reg(sums_token, "totals_token")
+        totals_scale = pipe.reg(sums_scale, "totals_scale") if floating else None
         pipe.emit(m)
         with m.If(scores.ready):
             m.d.sync += scores.valid.eq(0)
+        if floating:
+            # The scale c moves the rounding by c - 127 bits (golden.moe_layer.scaled_requant):
+            # the total is shifted up by A = score_width + 1 first, so that the run-time right
+            # shift u = score_shift - (c - 127) + A is never negative once clamped at 0 (a
+            # larger left shift saturates as A does) and at acc_width + A + 1 (a larger one
+            # rounds to 0 as that one does). A NaN scale makes the totals 0.
+            up = cfg.score_width + 1
+            amount = Signal(signed(11), name="score_shift_amount")
+            shift = Signal(range(cfg.acc_width + up + 2), name="score_shift_scaled")
+            m.d.comb += [amount.eq(cfg.score_shift + UNIT_SCALE + up - totals_scale),
+                         shift.eq(Mux(amount < 0, 0, Mux(amount > cfg.acc_width + up + 1,
+                                                         cfg.acc_width + up + 1, amount)))]
+            nan_scale = totals_scale == NAN_SCALE
         with m.If(advance & totals_final):
             bias = 1 << (cfg.score_width - 1)
             for e, total in enumerate(totals):
-                code = requant(m, total, cfg.score_shift, cfg.score_width, f"code_{e}")
+                if floating:
+                    raised = Signal(signed(cfg.acc_width + up), name=f"raised_{e}")
+                    m.d.comb += raised.eq(Mux(nan_scale, 0, total << up))
+                    code = requant(m, raised, shift, cfg.score_width, f"code_{e}")
+                else:
+                    code = requant(m, total, cfg.score_shift, cfg.score_width, f"code_{e}")
                 m.d.sync += scores.payload.score[e].eq(code + bias)
             m.d.sync += [scores.valid.eq(1), scores.payload.token.eq(totals_token)]
 
@@ -339,11 +379,15 @@ class MoEGate(ConfiguredComponent):
         if cfg.shared:                                 # expert E, the largest gate weight
             entries.append(Const((cfg.experts << cfg.gate_width) | ((1 << cfg.gate_width) - 1),
                                  cfg.data_width))
+        if floating:                                   # x's scale, from the FIFO's head
+            entries.append(fifo.r_data[x_bits:])
         out = self.packet
         in_header = flit < H
         last_flit = flit == H + B - 1
         sent = out.valid & out.ready
-        m.d.comb += [out.valid.eq(active & (in_header | fifo.r_rdy)),
+        # (A token's beats are all in the FIFO before its route exists; floating point reads
+        # the scale there, so its header waits for the FIFO too, which never holds it back.)
+        m.d.comb += [out.valid.eq(active & (fifo.r_rdy if floating else in_header | fifo.r_rdy)),
                      out.payload.token.eq(token), out.payload.mask.eq(mask),
                      out.payload.last.eq(last_flit),
                      fifo.r_en.eq(sent & ~in_header),
@@ -561,7 +605,6 @@ class ExpertChipletConfig(PacketShape):
 
 
 SCALE_MATRICES = ("gate", "up", "down")      # an expert's weight blocks, one E8M0 scale each
-UNIT_SCALE = 127                              # E8M0 2**(127 - 127) = 1
 
 
 def weights_layout(config):
@@ -734,6 +777,9 @@ class ExpertChiplet(TieredComponent):
         tok_id = [Signal(cfg.token_width, name=f"token_{t}", reset_less=True) for t in range(TT)]
         x = [[Signal(signed(iw), name=f"x_{t}_{d}", reset_less=True) for d in range(D)]
              for t in range(TT)]
+        # (floating point: x's E8M0 scale, the packet's last header entry)
+        x_scale = [Signal(8, name=f"x_scale_{t}", reset_less=True)
+                   for t in range(TT)] if floating else []
         # (floating point: FP32 codes, +0 when a token arrives)
         sum_shape = unsigned(32) if floating else signed(sum_bits)
         sums = [[Signal(sum_shape, name=f"sum_{t}_{d}", reset_less=True)
@@ -774,15 +820,19 @@ class ExpertChiplet(TieredComponent):
         slot_ok = wload.payload.slot < S
         w_slot = wload.payload.slot
         startable = ~select(w_slot, list(referenced)) | ~select(w_slot, loaded)
+        # No weight beat or assignment is taken at a reset edge: the tags, `loaded` and the
+        # scales, kept through reset, would take it while the scratchpad's write pipeline
+        # forgets it (a load's last beat there left the slot marked loaded, one word stale).
+        in_reset = ResetSignal()
         m.d.comb += [pmu.wjob.valid.eq(wload.valid & ~loading & ~discarding & slot_ok &
-                                       startable),
+                                       startable & ~in_reset),
                      *read_job(pmu.wjob.payload, w_slot * (shape.expert_beats * V),
                                shape.expert_beats),
-                     pmu.w.valid.eq(wload.valid & loading),
+                     pmu.w.valid.eq(wload.valid & loading & ~in_reset),
                      pmu.w.payload.last.eq(beats_end)]
         m.d.comb += [pmu.w.payload.data[v].eq(wload.payload.data[v]) for v in range(V)]
-        m.d.comb += wload.ready.eq((loading & pmu.w.ready) | discarding |
-                                   (~loading & ~slot_ok))
+        m.d.comb += wload.ready.eq(((loading & pmu.w.ready) | discarding |
+                                    (~loading & ~slot_ok)) & ~in_reset)
         load_start = pmu.wjob.valid & pmu.wjob.ready
         with m.If(load_start):
             m.d.sync += [loading.eq(1), load_slot.eq(w_slot), load_beat.eq(0)]
@@ -815,9 +865,10 @@ class ExpertChiplet(TieredComponent):
         assign = self.assign
         a_slot_ok = assign.payload.slot < S
         a_slot = assign.payload.slot
-        m.d.comb += assign.ready.eq(~a_slot_ok | ~(select(a_slot, list(referenced)) |
-                                                   (loading & (load_slot == a_slot)) |
-                                                   (pmu.wjob.valid & (w_slot == a_slot))))
+        m.d.comb += assign.ready.eq((~a_slot_ok | ~(select(a_slot, list(referenced)) |
+                                                    (loading & (load_slot == a_slot)) |
+                                                    (pmu.wjob.valid & (w_slot == a_slot))))
+                                    & ~in_reset)
         assign_fire = assign.valid & assign.ready & a_slot_ok
         with m.If(assign.valid & ~a_slot_ok):
             m.d.sync += error.eq(1)
@@ -893,6 +944,12 @@ class ExpertChiplet(TieredComponent):
                                 if b * L + lane < D:
                                     m.d.sync += x[t][b * L + lane].eq(
                                         down.payload.data[lane][:iw])
+                    if floating:                   # (unit in a packet that ends before it)
+                        entry = cfg.header_entries - 1
+                        with m.If(first):
+                            m.d.sync += x_scale[t].eq(UNIT_SCALE)
+                        with m.If(flit == entry // L):
+                            m.d.sync += x_scale[t].eq(down.payload.data[entry % L][:8])
         close = Signal()                               # the collecting bank's batch closes
         # The planner is free to take a bank at this edge (the edge it finishes draining
         # included), and the next bank it takes is `r_next`.
@@ -1071,13 +1128,17 @@ class ExpertChiplet(TieredComponent):
         m.d.comb += [tile.b.payload.data[v].eq(pmu.r.payload.data[v].as_signed())
                      for v in range(V)]
         if floating:
-            # x's scales are unit; b's are the phase's weight block's (kind: gate, up, down),
-            # carried beside the a beat (above).
-            m.d.comb += [*[scale.eq(UNIT_SCALE) for scale in a_beat.scale],
-                         a.payload.w_scale.eq(select(phase.slot, [
+            # b's scales are the phase's weight block's (kind: gate, up, down), carried beside
+            # the a beat (above); a row's is its token's x scale (h's, in a down phase: unit;
+            # a row past the group's tokens: unit, its data being 0).
+            m.d.comb += [a.payload.w_scale.eq(select(phase.slot, [
                              select(kind, list(scales)) for scales in w_scales])),
                          *[scale.eq(a_slice.o.payload.w_scale)
                            for scale in tile.b.payload.scale]]
+            for i in range(R):
+                row_scale = Mux((i < phase.rows) & ~phase.down,
+                                row_select(phase.token[i], i, x_scale), UNIT_SCALE)
+                m.d.comb += [a_beat.scale[sl * R + i].eq(row_scale) for sl in range(n)]
         for i in range(R):
             row_ok = i < phase.rows
             x_row = [row_select(phase.token[i], i, [x[t][d] for t in range(TT)])

@@ -6,7 +6,7 @@ import math
 from golden import fp as golden_fp
 
 __all__ = ["random_code", "random_token", "extreme_codes", "largest_code", "random_scales",
-           "UNIT_SCALES"]
+           "random_scale", "UNIT_SCALES"]
 
 UNIT_SCALES = {"gate": 127, "up": 127, "down": 127}     # E8M0 2**0, a weight load's default
 
@@ -47,15 +47,19 @@ def random_token(rng, dtype, size, extremes=False, infinities=True):
     return [random_code(rng, dtype, 1.0, infinities) for _ in range(size)]
 
 
+def random_scale(rng):
+    """An E8M0 scale code: mostly within 2**±4 of 1, sometimes an extreme (the smallest,
+    2**-127, and the largest, 2**127, whose products underflow or overflow), rarely NaN
+    (255)."""
+    draw = rng.random()
+    if draw < 0.02:
+        return 255
+    if draw < 0.12:
+        return rng.choice((0, 1, 100, 150, 253, 254))
+    return 127 + rng.randint(-4, 4)
+
+
 def random_scales(rng):
-    """An expert's E8M0 weight-block scales (``gate``, ``up``, ``down``): mostly within 2**±4
-    of 1, sometimes an extreme (the smallest, 2**-127, and the largest, 2**127, whose products
-    underflow or overflow), rarely NaN (255)."""
-    def one():
-        draw = rng.random()
-        if draw < 0.02:
-            return 255
-        if draw < 0.12:
-            return rng.choice((0, 1, 100, 150, 253, 254))
-        return 127 + rng.randint(-4, 4)
-    return {name: one() for name in ("gate", "up", "down")}
+    """An expert's E8M0 weight-block scales (``gate``, ``up``, ``down``), each a
+    :func:`random_scale`."""
+    return {name: random_scale(rng) for name in ("gate", "up", "down")}

@@ -15,7 +15,7 @@ from cocotb.triggers import ClockCycles
 from golden import moe_layer as golden
 from golden import router as golden_router
 from golden.fixed import signed_limits
-from tb.fp8 import largest_code, random_token
+from tb.fp8 import largest_code, random_scale, random_token
 from tb.harness import start_bench, throughput_beats, write_throughput
 from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, pause_fraction,
                         reset_dut, wait_for)
@@ -68,24 +68,30 @@ class GateBench(StreamBench):
             return [self.rng.choice((low, high)) for _ in range(self.cfg.d_model)]
         return [self.rng.randint(low, high) for _ in range(self.cfg.d_model)]
 
-    def send_token(self, token, x, last_beat=None):
+    def send_token(self, token, x, last_beat=None, scale=None):
         """Queue a token's beats and its expected packet; ``last_beat`` misplaces ``last``
-        (-1: on no beat)."""
+        (-1: on no beat). Floating point: ``scale`` x's E8M0 scale (random by default), on
+        the first beat; the later beats carry random scales, which are ignored."""
         cfg = self.cfg
         token %= 1 << cfg.token_width
         last_beat = cfg.beats - 1 if last_beat is None else last_beat
+        floating = cfg.dtype != "int"
+        if floating and scale is None:
+            scale = random_scale(self.rng)
         for b in range(cfg.beats):
             lanes = (list(x[b * cfg.lanes:(b + 1) * cfg.lanes]) + [0] * cfg.lanes)[:cfg.lanes]
-            self.sources["x"].send({"token": token, "data": lanes, "last": int(b == last_beat)})
+            extra = {"scale": scale if b == 0 else self.rng.randrange(256)} if floating else {}
+            self.sources["x"].send({"token": token, **extra, "data": lanes,
+                                    "last": int(b == last_beat)})
         codes = golden.score_codes(self.gate_x(x), self.wg, cfg.acc_width, cfg.score_shift,
-                                   cfg.score_width)
+                                   cfg.score_width, scale)
         experts, _ = golden_router.route(codes, cfg.k, cfg.groups, cfg.topk_groups)
         gates = golden.gate_weights(codes, experts, self.lut)
         mask = golden_router.leaf_mask(experts, self.placement) | self.shared_mask
         shared = [(cfg.experts, (1 << cfg.gate_width) - 1)] if cfg.shared else []
         flits = golden.dispatch_flits(experts + [e for e, _ in shared],
                                       gates + [g for _, g in shared], x, cfg.lanes,
-                                      cfg.gate_width)
+                                      cfg.gate_width, scale)
         for index, flit in enumerate(flits):
             self.board.expect_payload({"token": token, "mask": mask, "data": flit,
                                        "last": int(index == len(flits) - 1)})
@@ -163,11 +169,12 @@ async def test_rewrites_between_tokens(dut):
            for _ in range(cfg.d_model)]
     await bench.configure(wg=hot, placement=[cfg.leaves - 1] * cfg.experts)
     positive = [bench.largest_x()] * cfg.d_model
+    unit = 127 if cfg.dtype != "int" else None           # (x's scale, floating point)
     for token in range(6, 12):
-        bench.send_token(token, positive)
+        bench.send_token(token, positive, scale=unit)
     await bench.finish(_budget(12 * (cfg.header_flits + cfg.beats), 0.3, 0.3))
     codes = golden.score_codes(bench.gate_x(positive), hot, cfg.acc_width, cfg.score_shift,
-                               cfg.score_width)
+                               cfg.score_width, unit)
     # The hot expert leads when its code stands above the rest (a shift that rounds every
     # score to one code leaves a tie: the lowest index wins); every expert is on one leaf.
     leader = cfg.experts - 1 if codes[-1] > max(codes[:-1]) else codes.index(max(codes))

@@ -10,12 +10,12 @@ to the return lanes' format, bit for bit. Weights are loaded in the tile order o
 import time
 
 import cocotb
-from cocotb.triggers import ClockCycles
+from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 
 from golden import moe_layer as golden
 from golden import ndp as golden_ndp
 from golden.fixed import signed_limits
-from tb.fp8 import UNIT_SCALES, random_code, random_scales, random_token
+from tb.fp8 import UNIT_SCALES, random_code, random_scale, random_scales, random_token
 from tb.harness import start_bench, write_throughput
 from tb.streams import (LONG_BURSTS, STALL_PROFILES, InOrderScoreboard, StreamBench, edge_now,
                         pause_fraction, reset_dut, wait_for)
@@ -151,14 +151,17 @@ class ChipletBench(StreamBench):
         rng.shuffle(picked)
         return [(e, rng.randint(0, (1 << cfg.gate_width) - 1)) for e in picked]
 
-    def send_token(self, x, choices, token=None, length=None):
-        """Queue a dispatch packet and the return it must bring; ``length`` misframes it."""
+    def send_token(self, x, choices, token=None, length=None, scale=None):
+        """Queue a dispatch packet and the return it must bring; ``length`` misframes it.
+        Floating point: ``scale`` x's E8M0 scale (random by default)."""
         cfg = self.cfg
         token = (self.tokens if token is None else token) % (1 << cfg.token_width)
         self.tokens += 1
         gates = [g for _, g in choices]
+        if self.floating and scale is None:
+            scale = random_scale(self.rng)
         flits = golden.dispatch_flits([e for e, _ in choices], gates, x, cfg.lanes,
-                                      cfg.gate_width)
+                                      cfg.gate_width, scale)
         length = len(flits) if length is None else length
         half = 1 << (cfg.data_width - 1)
         # A long packet's extra flits carry random data, which the chiplet must ignore.
@@ -171,15 +174,18 @@ class ChipletBench(StreamBench):
         # A short packet: the missing x elements are 0; a long one: extra flits ignored.
         got_x = [0] * cfg.d_model
         for d in range(cfg.d_model):
-            index = golden.header_flits(cfg.k, cfg.lanes) + d // cfg.lanes
+            index = cfg.header_flits + d // cfg.lanes
             if index < length:
                 got_x[d] = x[d]
         held = [(e, g) for e, g in choices if length > (choices.index((e, g)) // cfg.lanes)]
+        # (a packet that ends before its scale entry: x's scale is unit, x being 0)
+        got_scale = scale if length > (cfg.header_entries - 1) // cfg.lanes else 127
         self.token_slots.append({slot for slot, (e, _) in self.slot_expert.items()
                                  if e in {e for e, _ in held}})
         order = [self.slot_expert[slot][0] for slot in sorted(self.slot_expert)]
-        values = golden.chiplet_return(self.model(), 0, held, got_x, order=order)
-        header = golden.header_flits(cfg.k, cfg.lanes)
+        values = golden.chiplet_return(self.model(), 0, held, got_x, order=order,
+                                       x_scale=got_scale)
+        header = cfg.header_flits
         body = [[0] * cfg.lanes for _ in range(header)] + [
             [values[b * cfg.lanes + l] if b * cfg.lanes + l < cfg.d_model else 0
              for l in range(cfg.lanes)] for b in range(cfg.x_flits)]
@@ -663,6 +669,41 @@ async def test_reset_while_weights_stream(dut):
     for slot in range(cfg.slots):
         bench.load(slot, experts[slot], weights[slot])
     await bench.finish(_budget(bench, cfg.batch, 0.2, 0.2))
+    assert not dut.error.value
+
+
+@cocotb.test()
+async def test_reset_at_a_loads_first_middle_and_last_beat(dut):
+    """A reset whose first edge is the edge a load's beat j is offered, for j the second, a
+    middle and the last beat (every port ready, so the beat is offered at that edge): the
+    beat is not taken (weights and assign are not ready during reset), the slot is left not
+    loaded, and the batch, sent again with the load, computes with the whole new weights: y
+    exact. (Before, the last beat was taken at the reset edge: the slot was marked loaded, kept
+    through reset, while the scratchpad's write pipeline forgot that beat's words.)"""
+    bench = await _setup(dut, "load-reset")
+    cfg, beats = bench.cfg, bench.shape.expert_beats
+    for j in sorted({min(1, beats - 1), beats // 2, beats - 1}):
+        experts, weights = _stream_setup(bench)
+        await wait_for(dut, lambda: bench.sources["assign"].idle, _budget(bench, 1), "assigned")
+        sent = bench.sources["weights"].sent_edges
+        sent.clear()
+        bench.load(0, experts[0], weights[0])
+        await wait_for(dut, lambda: len(sent) >= j, _budget(bench, 1), f"{j} beats")
+        dut.rst.value = 1                    # its first edge: the one beat j is offered at
+        await ReadOnly()
+        assert dut.weights__valid.value == 1, f"beat {j} not offered at the reset edge"
+        assert dut.weights__ready.value == 0, "weights ready at a reset edge"
+        assert dut.assign__ready.value == 0, "assign ready at a reset edge"
+        await RisingEdge(dut.clk)
+        dut.rst.value = 0
+        for port in bench.sinks.values():
+            port.received.clear()
+        bench.board.expected.clear()
+        for _ in range(cfg.batch):
+            bench.send_token(bench.random_x(), _choosing(bench, experts[0]))
+        for slot in range(cfg.slots):
+            bench.load(slot, experts[slot], weights[slot])
+        await bench.finish(_budget(bench, cfg.batch))
     assert not dut.error.value
 
 

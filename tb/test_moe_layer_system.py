@@ -17,7 +17,8 @@ from golden import moe_layer as golden
 from golden import ndp as golden_ndp
 from golden.dram import Ddr4Stream
 from golden.fixed import signed_limits
-from tb.fp8 import UNIT_SCALES, largest_code, random_code, random_scales, random_token
+from tb.fp8 import (UNIT_SCALES, largest_code, random_code, random_scale, random_scales,
+                     random_token)
 from tb.harness import load_dut_config, start_bench, write_throughput
 from tb.streams import (STALL_PROFILES, HeldPauses, StreamBench, edge_now, pause_fraction,
                         wait_for)
@@ -43,6 +44,7 @@ class LayerBench(StreamBench):
         self.link_flits = {"down": [], "up": []}
         self.routes = []
         self.first_x_edge = None
+        self.unit_x_scales = False          # floating point: see x_scale
 
     def start(self):
         super().start()
@@ -271,18 +273,35 @@ class LayerBench(StreamBench):
             return [self.rng.choice((low, high)) for _ in range(self.cfg.d_model)]
         return [self.rng.randint(low, high) for _ in range(self.cfg.d_model)]
 
+    def x_scale(self):
+        """Floating point: a token's E8M0 x scale, random unless :attr:`unit_x_scales` (tests
+        that steer routes by their scores). Not NaN: a NaN x times the zero weights of a slot
+        the placement leaves over would be a NaN the golden layer does not add (as with
+        infinities in :meth:`random_x`; the chiplet's own tests send NaN scales)."""
+        if self.unit_x_scales:
+            return 127
+        while True:
+            scale = random_scale(self.rng)
+            if scale != 255:
+                return scale
+
     def send_tokens(self, tokens, first_id=0, not_before=None):
         """Queue tokens (ids from ``first_id``) and their golden y; ``not_before[i]``: token
-        i's beats are not offered before that edge."""
+        i's beats are not offered before that edge. Floating point: each token with its x
+        scale on its first beat (:meth:`x_scale`; the later beats' scale fields random,
+        which the gate ignores)."""
         cfg = self.cfg
-        out = golden.layer(self.model, tokens)
+        scales = [self.x_scale() for _ in tokens] if self.floating else None
+        out = golden.layer(self.model, tokens, scales)
         for offset, (x, y) in enumerate(zip(tokens, out["y"])):
             token = (first_id + offset) % (1 << cfg.token_width)
             assert token not in self.expected, "a token id still in flight"
             for b in range(cfg.x_flits):
                 lanes = (list(x[b * cfg.lanes:(b + 1) * cfg.lanes]) + [0] * cfg.lanes)[
                     :cfg.lanes]
-                self.sources["x"].send({"token": token, "data": lanes,
+                extra = {"scale": scales[offset] if b == 0 else self.rng.randrange(256)} \
+                    if self.floating else {}
+                self.sources["x"].send({"token": token, **extra, "data": lanes,
                                         "last": int(b == cfg.x_flits - 1)},
                                        not_before[offset] if not_before else 0)
             self.expected[token] = [int(v) for v in y]
@@ -661,6 +680,7 @@ async def test_two_experts_of_a_chiplet_sum_at_the_rounding_edge(dut):
         steered_count = len(leaves) * (cfg.batch * cfg.token_banks + cfg.batch)
         tokens = [[c] + [x_high if d == 1 + i % len(leaves) else 0
                          for d in range(1, cfg.d_model)] for i in range(steered_count)]
+        bench.unit_x_scales = True          # (the routes the scores steer)
         routes = golden.layer(steered, tokens)["experts"]
         colocated = sum(set(per_leaf[leaves[i % len(leaves)]][:2]) <= set(route)
                         for i, route in enumerate(routes))
@@ -703,6 +723,7 @@ async def test_scores_at_the_rounding_edge(dut):
         wg = [[columns[e][d] for e in range(cfg.experts)] for d in range(cfg.d_model)]
         await bench.configure(dataclasses.replace(bench.random_model(), wg=wg))
         tokens = [[1] * cfg.d_model] * cfg.batch + [bench.random_x() for _ in range(2)]
+        bench.unit_x_scales = True          # (the scores at the rounding edge)
         bench.clear_counts()
         counts = await bench.run(tokens, _budget(bench, len(tokens)))
         assert bench.leaf_tokens == counts

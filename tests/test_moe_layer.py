@@ -142,7 +142,9 @@ def test_node_limited_routing_keeps_the_token_within_its_groups(groups, topk_gro
 # (3 lanes, 5 elements: a padded beat; 2 header flits); the smallest corner (one lane, one
 # element, 1-bit codes and gates, one leaf); a wide one (16 experts and a shared one on leaf 5,
 # 8 lanes, one header flit); FP8 x (E5M2: the widest fixed-point values, 8-bit lanes that
-# hold a code exactly, 3 lanes).
+# hold a code exactly, 3 lanes; E4M3 with a shared expert: x's scale entry opens a second
+# header flit, and a 20-bit accumulator that wraps, scaled by every E8M0 code the bench
+# draws, 0 and 254 among them).
 SIM_CONFIGS = [
     {},
     {"experts": 6, "k": 3, "groups": 3, "topk_groups": 2, "leaves": 3, "d_model": 5, "lanes": 2,
@@ -153,6 +155,8 @@ SIM_CONFIGS = [
      "lanes": 8, "w_width": 4, "score_width": 6, "shared": 1, "shared_leaf": 5},
     {"dtype": "fp8_e5m2", "d_model": 7, "lanes": 3, "data_width": 8, "gate_width": 5,
      "acc_width": 48, "score_shift": 20},
+    {"dtype": "fp8_e4m3", "experts": 5, "k": 2, "shared": 1, "shared_leaf": 1, "leaves": 2,
+     "d_model": 3, "lanes": 3, "acc_width": 20, "score_shift": 6},
 ]
 
 
@@ -350,7 +354,7 @@ CHIPLET_CONFIGS = [
      "promote_every": 0, "d_model": 6, "d_ff": 4, "rows": 2, "cols": 3, "batch": 4,
      "shift_g": 2, "shift_u": 2, "shift_h": 1},
 ]
-CHIPLET_COCOTB_TESTS = 18
+CHIPLET_COCOTB_TESTS = 19
 
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
@@ -533,6 +537,28 @@ def test_a_shared_expert_joins_every_token_on_its_leaf_with_the_largest_gate():
     y = sum(np.asarray(golden.chiplet_return(model, leaf, choices, x), dtype=object)
             for leaf in range(4) if out["masks"][0] >> leaf & 1)
     assert out["y"][0] == [wrap(v, 24) for v in y]
+
+
+def test_an_x_scale_moves_the_score_rounding_and_rides_in_the_header():
+    """Floating point: x's E8M0 scale c multiplies the gate's wrapped sums by 2**(c - 127)
+    before their one rounding: c = 127 + j is score_shift - j, a shift below 0 shifts left and
+    saturates, NaN (255) scores every expert 0; the packet carries c after the choices."""
+    rng = np.random.default_rng(4)
+    x = rng.integers(-3000, 3000, 6).tolist()
+    wg = rng.integers(-128, 128, (6, 5)).tolist()
+    for j in (-20, -3, 0, 1, 5, 8):
+        assert golden.score_codes(x, wg, 32, 8, 8, 127 + j) == \
+            golden.score_codes(x, wg, 32, 8 - j, 8)
+    raw = np.asarray(x, dtype=object).dot(np.asarray(wg, dtype=object))
+    left = golden.score_codes(x, wg, 32, 2, 8, 127 + 5)         # shift -3: times 8
+    assert left == [max(-128, min(127, int(v) * 8)) + 128 for v in raw]
+    assert golden.score_codes(x, wg, 32, 8, 8, 254) == [0 if v < 0 else 255 if v > 0 else 128
+                                                        for v in raw]
+    assert golden.score_codes(x, wg, 32, 8, 8, 255) == [128] * 5
+    assert golden.score_codes(x, wg, 32, 8, 8, 0) == [128] * 5        # 2**-127: rounds to 0
+    flits = golden.dispatch_flits([3, 1], [9, 4], [7, 8, 9], lanes=2, gate_width=4, scale=200)
+    assert flits == [[3 << 4 | 9, 1 << 4 | 4], [200, 0], [7, 8], [9, 0]]
+    assert golden.header_flits(2 + 1, 2) == 2
 
 
 def test_a_weight_block_scale_scales_its_matrix_alone():
