@@ -179,8 +179,9 @@ def run_layer_demo():
     print()
     print(f"FP8 (moe_layer dtype={fp8_config.dtype} combine_dtype={fp8_config.combine_dtype}; "
           f"{fp8_config.experts} experts, top-{fp8_config.k}, {fp8_config.leaves} chiplets "
-          f"under one {fp8_config.fanouts[0]}-way switch): E4M3 tokens and expert weights, the "
-          f"experts' FP8 tiles, BF16 returns added in the switch's order; Verilator, "
+          f"under one {fp8_config.fanouts[0]}-way switch): E4M3 tokens and expert weights "
+          f"with E8M0 scales (one per token, one per weight block), the experts' FP8 tiles, "
+          f"BF16 returns added in the switch's order; Verilator, "
           f"test_layer_bit_exact: {fp8_verdict}")
     if parts:
         print()

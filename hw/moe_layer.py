@@ -475,9 +475,9 @@ class ExpertChipletConfig(PacketShape):
     dtype : str
         The expert datapath: ``int`` (the default: the integer datapath above), or
         ``fp8_e4m3``/``fp8_e5m2``: x, weights, activations and h are FP8 codes (in_width and
-        w_width 8), the tile's PEs floating point (``acc_frac``, ``promote_every``; x's scales
-        unit, each weight block's from its load), the shifts powers of two folded into each
-        rounding.
+        w_width 8), the tile's PEs floating point (``acc_frac``, ``promote_every``; E8M0
+        scales: x's from its packet's last header entry, each weight block's from its load),
+        the shifts powers of two folded into each rounding.
     acc_frac, promote_every : int
         Floating point: the tile's accumulator fraction bits and promotion interval.
     combine_dtype : str
