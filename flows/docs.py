@@ -88,12 +88,13 @@ def _figures_table(name, bench):
                      fmax_text(r.get("pnr_ecp5"))))
     full = [r for r in records if "synth_generic" in r] or records
     when = full[0].get("generated", bench.get("generated", "?"))
-    # A later `moegen bench --only throughput|synth` run stamps the figures it re-measured.
+    # A later `moegen bench --only throughput|synth|pnr` run stamps the figures it re-measured.
     later = []
     for key, what in (("verilator", "the `test_throughput` figures"),
-                      ("synth_generic", "the synthesis figures")):
+                      ("synth_generic", "the synthesis figures"),
+                      ("pnr_ecp5", "the Fmax figures")):
         again = sorted({r[key]["generated"] for r in full
-                        if r.get(key, {}).get("generated", when) != when})
+                        if (r.get(key) or {}).get("generated", when) != when})
         if again:
             later.append(f"{what} of {', '.join(again)}")
     if later:

@@ -139,6 +139,14 @@ def test_a_partial_throughput_run_is_dated_on_the_block_page():
     assert ("From `make bench` of then (the `test_throughput` figures of now; the synthesis "
             "figures of later)") in page
     assert "| 7 (gate by gate) | 2 | 5 (gate by gate) |" in page
+    # `moegen bench --only pnr` likewise: its Fmax is dated.
+    placed = {"generated": "last", "results": [
+        {"block": "lif", "params": "", "partial": True,
+         "pnr_ecp5": {"fmax_mhz": 99.5, "luts": 4, "flip_flops": 1, "block_rams": 0,
+                      "dsps": 0, "seed": 1}}]}
+    page = _figures_table("lif", merge_bench(merge_bench(merge_bench(old, new), synth), placed))
+    assert ("the synthesis figures of later; the Fmax figures of last)") in page
+    assert "99.5 MHz" in page
 
 
 def test_a_configuration_only_partial_runs_measured_gets_a_row():
