@@ -4,11 +4,12 @@ fp8_e4m3 or fp8_e5m2): the codes of ``golden.fp``'s formats."""
 import math
 
 from golden import fp as golden_fp
+from golden.moe_layer import NAN_SCALE, UNIT_SCALE
 
 __all__ = ["random_code", "random_token", "extreme_codes", "largest_code", "random_scales",
            "random_scale", "UNIT_SCALES"]
 
-UNIT_SCALES = {"gate": 127, "up": 127, "down": 127}     # E8M0 2**0, a weight load's default
+UNIT_SCALES = {name: UNIT_SCALE for name in ("gate", "up", "down")}   # a weight load's default
 
 
 def random_code(rng, dtype, spread, infinities=True):
@@ -53,13 +54,13 @@ def random_scale(rng):
     (255)."""
     draw = rng.random()
     if draw < 0.02:
-        return 255
+        return NAN_SCALE
     if draw < 0.12:
         return rng.choice((0, 1, 100, 150, 253, 254))
-    return 127 + rng.randint(-4, 4)
+    return UNIT_SCALE + rng.randint(-4, 4)
 
 
 def random_scales(rng):
     """An expert's E8M0 weight-block scales (``gate``, ``up``, ``down``), each a
     :func:`random_scale`."""
-    return {name: random_scale(rng) for name in ("gate", "up", "down")}
+    return {name: random_scale(rng) for name in UNIT_SCALES}

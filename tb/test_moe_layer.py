@@ -169,7 +169,7 @@ async def test_rewrites_between_tokens(dut):
            for _ in range(cfg.d_model)]
     await bench.configure(wg=hot, placement=[cfg.leaves - 1] * cfg.experts)
     positive = [bench.largest_x()] * cfg.d_model
-    unit = 127 if cfg.dtype != "int" else None           # (x's scale, floating point)
+    unit = golden.UNIT_SCALE if cfg.dtype != "int" else None           # (x's scale, floating point)
     for token in range(6, 12):
         bench.send_token(token, positive, scale=unit)
     await bench.finish(_budget(12 * (cfg.header_flits + cfg.beats), 0.3, 0.3))

@@ -108,7 +108,7 @@ class ChipletBench(StreamBench):
         cfg = self.cfg
         experts = [self.random_expert_zero()] * cfg.experts
         placement = [1] * cfg.experts
-        scales = [(127, 127, 127)] * cfg.experts
+        scales = [tuple(UNIT_SCALES.values())] * cfg.experts
         for slot, (expert, weights) in self.slot_expert.items():
             experts = list(experts)
             experts[expert] = weights
@@ -179,7 +179,7 @@ class ChipletBench(StreamBench):
                 got_x[d] = x[d]
         held = [(e, g) for e, g in choices if length > (choices.index((e, g)) // cfg.lanes)]
         # (a packet that ends before its scale entry: x's scale is unit, x being 0)
-        got_scale = scale if length > (cfg.header_entries - 1) // cfg.lanes else 127
+        got_scale = scale if length > (cfg.header_entries - 1) // cfg.lanes else golden.UNIT_SCALE
         self.token_slots.append({slot for slot, (e, _) in self.slot_expert.items()
                                  if e in {e for e, _ in held}})
         order = [self.slot_expert[slot][0] for slot in sorted(self.slot_expert)]

@@ -279,10 +279,10 @@ class LayerBench(StreamBench):
         the placement leaves over would be a NaN the golden layer does not add (as with
         infinities in :meth:`random_x`; the chiplet's own tests send NaN scales)."""
         if self.unit_x_scales:
-            return 127
+            return golden.UNIT_SCALE
         while True:
             scale = random_scale(self.rng)
-            if scale != 255:
+            if scale != golden.NAN_SCALE:
                 return scale
 
     def send_tokens(self, tokens, first_id=0, not_before=None):
