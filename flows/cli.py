@@ -256,8 +256,8 @@ def _synth_pnr(block, config, target, seed):
     print(f"critical path: {path['from']} -> {path['to']}, {path['logic_levels']} logic levels, "
           f"{path['delay_ns']} ns ({path['logic_ns']} ns in logic, {path.get('setup_ns', 0)} ns "
           f"setup); seed {r['seed']}")
-    if r.get("dsp_output_register_bits"):
-        print(f"DSP output registers: {r['dsp_output_register_bits']} product register bits "
+    if r.get("dsp_register_bits"):
+        print(f"DSP registers: {r['dsp_register_bits']} operand and product register bits "
               "packed into their DSPs (flows/dsp_pack.py)")
     if "mapper" in r:
         print(f"LUT mapper: {r['mapper']}")

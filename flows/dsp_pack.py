@@ -13,6 +13,15 @@ here, and powers on at 0, which is what such a flip-flop does). The logic is unc
 same value is registered at the same edges under the same enable. The hardware helps by
 leaving its product registers without a reset (``reset_less``), which is safe wherever a
 product's valid flag, which is reset, travels beside it.
+
+The same holds for the DSP's input registers (``REG_INPUTA_CLK``, ``REG_INPUTB_CLK``): where
+every non-constant bit of both operands comes from such a flip-flop whose output drives that
+operand's pins of this DSP alone (the output-stationary PE's own operand registers, beside the
+skew registers that also feed the next PE), the flip-flops become the DSP's input registers,
+packed only for both operands together (nextpnr times a DSP with one registered operand as
+one with none) and only under the clock and enable of its output register if that is packed
+(a DSP's registers share ``CLK0``, ``CE0`` and ``RST0`` here). A constant operand bit must be
+0, as the register powers on at 0.
 """
 
 import itertools
@@ -22,6 +31,7 @@ __all__ = ["pack_output_registers"]
 
 DSP, FF = "MULT18X18D", "TRELLIS_FF"
 P_BITS = [f"P{i}" for i in range(36)]
+OPERAND_BITS = {operand: [f"{operand}{i}" for i in range(18)] for operand in "AB"}
 
 
 def _params(cell):
@@ -70,8 +80,9 @@ def _inverter(source, out):
 
 
 def pack_output_registers(netlist):
-    """Move product registers into their ``MULT18X18D``'s output register, in place, in every
-    module of a Yosys JSON ``netlist`` (a dict); returns the number of flip-flops removed."""
+    """Move product registers into their ``MULT18X18D``'s output register, and operand
+    registers into its input registers, in place, in every module of a Yosys JSON ``netlist``
+    (a dict); returns the number of flip-flops removed."""
     removed = 0
     for module in netlist["modules"].values():
         removed += _pack_module(module)
@@ -95,43 +106,116 @@ def _pack_module(module):
     inverters = {}                       # an enable bit -> its inverse's bit
     free = _free_bits(module)
     removed = []
-    for dsp in list(cells.values()):
-        if dsp["type"] != DSP or dsp["parameters"].get("REG_OUTPUT_CLK", "NONE") != "NONE":
-            continue
-        conns = dsp["connections"]
+    drivers = {}                         # net bit -> (cell name, port) driving it
+    for name, cell in cells.items():
+        for port, bits in cell["connections"].items():
+            if cell.get("port_directions", {}).get(port) == "output":
+                for bit in bits:
+                    drivers[bit] = (name, port)
+
+    def clock_and_enable(ffs):
+        """The one (clock, enable) of these flip-flops if they are all packable, else None."""
+        clocks = {tuple(ff["connections"]["CLK"]) for ff in ffs}
+        enables = {_enable(ff) for ff in ffs}
+        if not all(_packable(ff) for ff in ffs) or len(clocks) != 1 or len(enables) != 1:
+            return None
+        return clocks.pop(), enables.pop()
+
+    def output_groups(conns):
+        """P port -> the flip-flops it alone feeds, for every used P port; None if any is
+        not so."""
         used = [p for p in P_BITS if p in conns and sinks.get(conns[p][0])]
-        if not used:
-            continue
-        groups = {}                      # P port -> the names of the flip-flops it feeds
+        groups = {}
         for p in used:
             feeds = sinks[conns[p][0]]
             if not all(cell is not None and port == "DI" and cells[cell]["type"] == FF
                        for cell, port in feeds):
-                break
+                return None
             groups[p] = [cell for cell, _ in feeds]
-        else:
-            ffs = [cells[ff] for group in groups.values() for ff in group]
-            clocks = {tuple(ff["connections"]["CLK"]) for ff in ffs}
-            enables = {_enable(ff) for ff in ffs}
-            if not all(_packable(ff) for ff in ffs) or len(clocks) != 1 or len(enables) != 1:
+        return groups or None
+
+    def operand_registers(dsp_name, conns, operand):
+        """Operand pin -> the flip-flop driving it (None for a constant 0), where every one
+        drives this operand's pins of this DSP alone; None otherwise."""
+        pins = OPERAND_BITS[operand]
+        registers = {}
+        for pin in pins:
+            if pin not in conns:
                 continue
-            dsp["parameters"].update({"REG_OUTPUT_CLK": "CLK0", "REG_OUTPUT_CE": "CE0",
-                                      "REG_OUTPUT_RST": "RST0", "GSR": "DISABLED"})
-            bit, inverted = enables.pop()
-            if inverted:                 # the DSP's CE has no inverter: a LUT4 is one
-                if bit not in inverters:
-                    inverters[bit] = next(free)
-                    cells[f"dsp_pack_not_{bit}"] = _inverter(bit, inverters[bit])
-                bit = inverters[bit]
-            conns.update({"CLK0": list(clocks.pop()), "CE0": [bit], "RST0": ["0"]})
-            dsp.setdefault("port_directions", {}).update(
-                {"CLK0": "input", "CE0": "input", "RST0": "input"})
-            for p, group in groups.items():
-                keep = cells[group[0]]["connections"]["Q"][0]
-                conns[p] = [keep]
-                for ff in group[1:]:     # registers of one bit (a sign extension): one net
-                    renamed[cells[ff]["connections"]["Q"][0]] = keep
-                removed += group
+            bit = conns[pin][0]
+            if isinstance(bit, str):
+                if bit != "0":
+                    return None
+                registers[pin] = None
+                continue
+            name, port = drivers.get(bit, (None, None))
+            if name is None or cells[name]["type"] != FF or port != "Q" or not all(
+                    cell == dsp_name and sink in pins for cell, sink in sinks.get(bit, [])):
+                return None
+            registers[pin] = name
+        return registers if any(registers.values()) else None
+
+    for dsp_name, dsp in list(cells.items()):
+        if dsp["type"] != DSP:
+            continue
+        conns, params = dsp["connections"], dsp["parameters"]
+        packs = []                       # (kind, flip-flop names)
+        if params.get("REG_OUTPUT_CLK", "NONE") == "NONE":
+            groups = output_groups(conns)
+            if groups is not None:
+                packs.append(("output", groups))
+        if all(params.get(f"REG_INPUT{x}_CLK", "NONE") == "NONE" for x in "AB"):
+            operands = {x: operand_registers(dsp_name, conns, x) for x in "AB"}
+            if all(operands.values()):
+                packs.append(("input", operands))
+        # The registers the DSP has already: their clock and enable bind the new ones.
+        bound = None
+        if any(params.get(f"REG_{r}_CLK", "NONE") != "NONE" for r in ("OUTPUT", "INPUTA")):
+            bound = (tuple(conns["CLK0"]), conns["CE0"][0])
+        chosen, key = [], bound
+        for kind, groups in packs:
+            names = ({ff for group in groups.values() for ff in group} if kind == "output"
+                     else {ff for regs in groups.values() for ff in regs.values() if ff})
+            found = clock_and_enable([cells[ff] for ff in names])
+            if found is None:
+                continue
+            clock, (bit, inverted) = found
+            if key is not None:          # the enable must be the one the DSP has
+                if key != (clock, inverters.get(bit) if inverted else bit):
+                    continue
+            else:
+                if inverted:             # the DSP's CE has no inverter: a LUT4 is one
+                    if bit not in inverters:
+                        inverters[bit] = next(free)
+                        cells[f"dsp_pack_not_{bit}"] = _inverter(bit, inverters[bit])
+                    bit = inverters[bit]
+                key = (clock, bit)
+            chosen.append((kind, groups))
+        if not chosen:
+            continue
+        params["GSR"] = "DISABLED"
+        conns.update({"CLK0": list(key[0]), "CE0": [key[1]], "RST0": ["0"]})
+        dsp.setdefault("port_directions", {}).update(
+            {"CLK0": "input", "CE0": "input", "RST0": "input"})
+        for kind, groups in chosen:
+            if kind == "output":
+                params.update({"REG_OUTPUT_CLK": "CLK0", "REG_OUTPUT_CE": "CE0",
+                               "REG_OUTPUT_RST": "RST0"})
+                for p, group in groups.items():
+                    keep = cells[group[0]]["connections"]["Q"][0]
+                    conns[p] = [keep]
+                    for ff in group[1:]:     # registers of one bit (a sign extension): one net
+                        renamed[cells[ff]["connections"]["Q"][0]] = keep
+                    removed += group
+                continue
+            for operand, registers in groups.items():
+                params.update({f"REG_INPUT{operand}_CLK": "CLK0",
+                               f"REG_INPUT{operand}_CE": "CE0",
+                               f"REG_INPUT{operand}_RST": "RST0"})
+                for pin, ff in registers.items():
+                    if ff is not None:   # the pin now reads what the flip-flop read
+                        conns[pin] = list(cells[ff]["connections"]["DI"])
+                removed += sorted({ff for ff in registers.values() if ff} - set(removed))
     for name in removed:
         del cells[name]
     if renamed:

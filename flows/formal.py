@@ -144,8 +144,9 @@ def nop_switch_invariants(m, switch):
 
 def queue_invariants(m, component):
     """Blocks with an output queue (``systolic``, ``systolic_tile``): no row is ever written
-    into a full queue — the pipeline feeding it, and so the inputs, freeze first (the
-    component's ``queue_overflow`` probe stays low)."""
+    into a full queue — the pipeline feeding it, and so the inputs, freeze first — and the
+    queue's registered ``space`` is the FIFO's ``w_rdy`` in every cycle (the component's
+    ``queue_overflow`` probe stays low)."""
     m.d.comb += Assert(~component.queue_overflow)
 
 

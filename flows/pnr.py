@@ -153,7 +153,7 @@ def pnr_block(block, config, target="ecp5", seed=1, out_dir=None):
         if packed:
             netlist = out_dir / f"{block.name}.{target}.packed.json"
             netlist.write_text(json.dumps(design))
-        notes["dsp_output_register_bits"] = packed
+        notes["dsp_register_bits"] = packed
     figures = place_and_route(netlist, target, out_dir, block.name, seed)
     if target == "ice40":       # an ICESTORM_LC is a LUT and a flip-flop: count Yosys's
         figures["flip_flops"] = summarize(cells)["flip_flops"]

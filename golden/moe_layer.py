@@ -563,7 +563,7 @@ def chiplet_batch_edges(slot_tokens, shape, tokens, loaded=None):
     next edge), and after the previous phase's last pair; a down phase
     starts once its group's last gate/up result row is written into h (the tile gives it out
     ``C + 2 + P + (R-1) + ceil(log2 n)`` edges after the last pair (P: the PEs' product
-    registers, 1 for int, 0 in floating point), and it is written
+    registers, 3 for int, 0 in floating point), and it is written
     ``RESULT_STAGES`` edges later), plus ``A_SLICE_EDGES + 1`` edges (the executor's register
     slice). The tile takes one pair per edge and a tile's last pair at least R edges after the
     previous tile's. The returns start two edges

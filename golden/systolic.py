@@ -14,19 +14,25 @@ from golden import fp
 from golden.fixed import wrap
 
 __all__ = ["matmul_wrapped", "os_tile_result", "tile_result", "ws_block_result", "fp_tile_result", "SCALE_BLOCK",
-           "PE_STAGES", "pe_stages", "OSCycleModel", "WSCycleModel", "figures"]
+           "OS_PE_STAGES", "WS_PE_STAGES", "pe_stages", "OSCycleModel", "WSCycleModel", "figures"]
 
 # Edges an integer PE adds by registering its product before the accumulator (or partial-sum)
 # adder: on an ECP5-85F the multiplier and the 32-bit carry chain in one cycle held a 4 x 4
 # array to 95 MHz, the two in separate cycles reach 135 MHz (docs/blocks/systolic.md). The
-# floating-point PEs (``fp_dot``'s accumulator) register no product.
-PE_STAGES = 1
+# weight-stationary PE registers its product once. The output-stationary PE registers its
+# operands, its product and the product again: in ``systolic_tile`` (64 multipliers) the placer
+# puts a DSP up to 60 columns from its accumulator and from the registers that feed it, and
+# those routes held the tile at 138 MHz; the operand and first product registers are the DSP's
+# own, the second product register a fabric one. The floating-point PEs (``fp_dot``'s
+# accumulator) register no product.
+OS_PE_STAGES = 3
+WS_PE_STAGES = 1
 
 
 def pe_stages(dtype="int"):
-    """Product-register stages of a PE of ``dtype``: :data:`PE_STAGES` for integers, 0 for the
-    floating-point PEs."""
-    return PE_STAGES if dtype == "int" else 0
+    """Product-register stages of an output-stationary PE of ``dtype``: :data:`OS_PE_STAGES`
+    for integers, 0 for the floating-point PEs."""
+    return OS_PE_STAGES if dtype == "int" else 0
 
 
 def matmul_wrapped(lhs, rhs, width):
@@ -88,7 +94,7 @@ class OSCycleModel:
     except that a tile's ``last`` beat waits until ``rows`` cycles have passed since the previous
     tile's ``last`` beat (results of two tiles would otherwise meet in a column). Row i of a tile
     whose last beat was taken at edge T is taken from ``c`` at ``T + cols + 2 + P + i + tree``,
-    where ``P`` is the PE's product stage (:func:`pe_stages`: 1 for integers, 0 for floating
+    where ``P`` is the PE's product stages (:func:`pe_stages`: 3 for integers, 0 for floating
     point) and ``tree = ceil(log2 arrays)`` the adder-tree depth (0 for one array).
 
     Parameters
@@ -140,7 +146,7 @@ class WSCycleModel:
     weight banks: ``w`` fills the bank it points at when that bank is free (R beats, then the bank
     is full and ``w`` points at the other one); ``a`` reads the bank it points at when that bank
     is full (from the edge after its last weight beat), and its ``last`` beat frees the bank. An
-    output is taken ``rows + cols + PE_STAGES`` edges after its activation beat (each PE
+    output is taken ``rows + cols + WS_PE_STAGES`` edges after its activation beat (each PE
     registers its product before the partial-sum adder).
     """
 
@@ -186,7 +192,7 @@ class WSCycleModel:
             edge += 1
             if edge > 10 * (len(w_edges) + len(acts)) + 1000:
                 raise RuntimeError("WS schedule does not progress")
-        out_edges = [e + self.rows + self.cols + PE_STAGES for e in a_edges]
+        out_edges = [e + self.rows + self.cols + WS_PE_STAGES for e in a_edges]
         return w_edges, a_edges, out_edges
 
 
@@ -209,9 +215,9 @@ def figures(block, **params):
     if block == "systolic" and params["dataflow"] == "ws":
         return {
             "dataflow": "ws",
-            "output_latency_cycles": rows + cols + PE_STAGES,
-            "output_latency_formula": f"R + C + {PE_STAGES} (activation beat taken -> its output "
-                                      "row taken; the PE's product register)",
+            "output_latency_cycles": rows + cols + WS_PE_STAGES,
+            "output_latency_formula": f"R + C + {WS_PE_STAGES} (activation beat taken -> its "
+                                      "output row taken; the PE's product register)",
             "steady_state": "1 activation beat and 1 output row per cycle when every block has "
                             "M >= R beats",
             "first_weight_block_load_cycles": rows,

@@ -263,25 +263,39 @@ class OutputQueue:
     name : str
         Submodule name.
     overflow : Signal, optional
-        Driven high in a cycle where a beat is pushed into a full FIFO (and so lost): a probe
-        for the formal harness, which asserts it never rises.
+        Driven high in a cycle where a beat is pushed into a full FIFO (and so lost), or where
+        ``space`` is not the FIFO's ``w_rdy``: a probe for the formal harness, which asserts it
+        never rises.
+    registered_space : bool
+        Keep ``space`` in a register of its own (below).
 
     Members
     -------
     fifo : SyncFIFO
     space : Value
-        A beat can be written this cycle (the FIFO's ``w_rdy``).
+        A beat can be written this cycle: the FIFO's ``w_rdy`` (its level is not the depth).
+        With ``registered_space`` it is a register loaded with what ``w_rdy`` will be after
+        each edge, so equal to ``w_rdy`` in every cycle (reset included: 1, the FIFO empty),
+        and the enable of a whole pipeline leaves a flip-flop instead of a compare on the
+        level's flip-flops (clock rate: that hop and the enable's fanout across the die were
+        ``systolic_tile``'s critical path at 139 MHz).
     level : Value
         Beats held (the FIFO's ``w_level``).
     """
 
-    def __init__(self, m, port, *, depth=OUT_FIFO_DEPTH, name="out_fifo", overflow=None):
-        self.fifo = SyncFIFO(width=len(port.payload.as_value()), depth=depth)
-        m.submodules[name] = self.fifo
+    def __init__(self, m, port, *, depth=OUT_FIFO_DEPTH, name="out_fifo", overflow=None,
+                 registered_space=False):
+        self.fifo = fifo = SyncFIFO(width=len(port.payload.as_value()), depth=depth)
+        m.submodules[name] = fifo
         self._port = port
         self._overflow = overflow
-        self.space = self.fifo.w_rdy
-        self.level = self.fifo.w_level
+        self.level = fifo.w_level
+        self.space = fifo.w_rdy
+        if registered_space:
+            self.space = Signal(init=1, name=f"{name}_space")
+            level_next = (fifo.w_level + (fifo.w_en & fifo.w_rdy).as_unsigned()
+                          - (fifo.r_en & fifo.r_rdy).as_unsigned())
+            m.d.sync += self.space.eq(level_next != depth)
 
     def stall_pipe(self, enable=None):
         """The pipeline feeding the queue: it advances on ``enable`` (by default: a free slot)."""
@@ -290,8 +304,8 @@ class OutputQueue:
     def push(self, m, valid, payload):
         """Write ``payload`` (bits) in the cycles where ``valid`` is high, and serve the port."""
         port, fifo = self._port, self.fifo
-        if self._overflow is not None:
-            m.d.comb += self._overflow.eq(valid & ~fifo.w_rdy)
+        if self._overflow is not None:   # (and `space` is the FIFO's w_rdy)
+            m.d.comb += self._overflow.eq((valid & ~fifo.w_rdy) | (self.space != fifo.w_rdy))
         m.d.comb += [fifo.w_en.eq(valid), fifo.w_data.eq(payload),
                      port.valid.eq(fifo.r_rdy), port.payload.eq(fifo.r_data),
                      fifo.r_en.eq(port.ready)]

@@ -175,7 +175,7 @@ class _ArrayComponent(ConfiguredComponent):
             return os_grid(m, pipe, cfg.rows, cfg.cols, cfg.acc_width,
                            [data for data, _ in a_lanes], [data for data, _ in b_lanes],
                            join.take, join.first, join.last, prefix=prefix,
-                           product_stage=True)
+                           product_stages=golden.OS_PE_STAGES)
         width = code_width(cfg)
 
         def pe(a_in, b_in, flags, name):
@@ -202,7 +202,7 @@ class _ArrayComponent(ConfiguredComponent):
 
     def _output_stage(self, m):
         """The output queue on ``c`` and the pipeline that moves while it has a free slot."""
-        queue = OutputQueue(m, self.c, overflow=self.queue_overflow)
+        queue = OutputQueue(m, self.c, overflow=self.queue_overflow, registered_space=True)
         return queue, queue.stall_pipe()
 
 
@@ -215,7 +215,7 @@ def _drive_output(m, queue, c, row_valid, row_last, row_data, advance):
 
 
 def os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, last, prefix,
-            product=operator.mul, readout="rows", pe=None, extra_flags=(), product_stage=False):
+            product=operator.mul, readout="rows", pe=None, extra_flags=(), product_stages=0):
     """Build an output-stationary PE grid; return (out_valid, out_last, out_values).
 
     Beat k enters row i of A delayed by i stages and column j of B delayed by j stages, so PE
@@ -233,10 +233,13 @@ def os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, last
     makes its own registers, updated where ``flags`` (valid, first, last, ``extra_flags``...)
     say, and returns the register read out at ``done`` (the floating-point PE).
 
-    ``product_stage``: the integer PE registers ``product(a, b)`` (and its flags) and adds it
-    into the accumulator one edge later, so the multiplier and the accumulator's carry chain
-    are in different cycles; every result leaves one edge later
-    (``golden.systolic.PE_STAGES``).
+    ``product_stages`` (0, or 2 and more): the integer PE registers its operands, then
+    ``product(a, b)`` (with its flags) ``product_stages - 1`` times, before adding it into the
+    accumulator; every result leaves that many edges later (``golden.systolic.OS_PE_STAGES``).
+    On ECP5 the operand registers and the first product register become the DSP's own
+    (flows/dsp_pack.py), and the second product register, in fabric, gives the route out of a DSP
+    placed far from its adder a cycle to itself: the route into the DSP, the multiplier, the
+    route out and the accumulator's carry chain are each in a cycle of their own.
     """
     flags = Cat(valid, first, last, *extra_flags)
     b_down = [pipe.delay(b_lanes[j], j, f"{prefix}bskew{j}") for j in range(cols)]
@@ -249,18 +252,24 @@ def os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, last
             b_in = b_down[j]
             pe_valid, pe_first, pe_last = flags_in[0], flags_in[1], flags_in[2]
             done[i][j] = Signal(name=f"{prefix}done_{i}_{j}")
-            staged = pe is None and product_stage
-            # The flags one edge on: the next column's, and the product stage's own.
+            stages = product_stages if pe is None else 0
+            # The flags one edge on: the next column's, and the product stages' own.
             flags_next = (pipe.reg(flags_in, f"{prefix}f_{i}_{j}")
-                          if j + 1 < cols or staged else None)
+                          if j + 1 < cols or stages else None)
             if pe is not None:
                 acc[i][j] = pe(a_in, b_in, flags_in, f"{prefix}pe_{i}_{j}_")
             else:
                 acc[i][j] = Signal(signed(acc_width), name=f"{prefix}acc_{i}_{j}")
-                term = product(a_in, b_in)
-                if staged:
-                    term = pipe.reg(term, f"{prefix}prod_{i}_{j}", reset_less=True)
-                    pe_valid, pe_first, pe_last = flags_next[0], flags_next[1], flags_next[2]
+                if stages:
+                    # The operands' own registers (not the skew registers, which also feed the
+                    # next PE), then the product's.
+                    term = product(pipe.reg(a_in, f"{prefix}pa_{i}_{j}", reset_less=True),
+                                   pipe.reg(b_in, f"{prefix}pb_{i}_{j}", reset_less=True))
+                    term = pipe.delay(term, stages - 1, f"{prefix}prod_{i}_{j}", reset_less=True)
+                    pe_flags = pipe.delay(flags_next, stages - 1, f"{prefix}pf_{i}_{j}")
+                    pe_valid, pe_first, pe_last = pe_flags[0], pe_flags[1], pe_flags[2]
+                else:
+                    term = product(a_in, b_in)
                 # Truncation on assignment is the documented wrap-around.
                 update = Mux(pe_first, 0, acc[i][j]) + term
                 with m.If(pipe.enable & pe_valid):
@@ -339,7 +348,7 @@ class OutputStationaryArray(_ArrayComponent):
     Computes C = A·B per tile: beat k of ``a`` is column k of A (R lanes), beat k of ``b`` is row
     k of B (C lanes), ``last`` marks beat K-1. After the tile ``c`` emits R beats, beat i being row
     i of A·B (C lanes of ``acc_width``, wrapping), ``last`` on beat R-1. Tiles with K >= R stream
-    back to back with no bubble; first output ``K + C + 2`` cycles after the first input transfer
+    back to back with no bubble; first output ``K + C + 4`` cycles after the first input transfer
     (``K + C + 1`` with floating-point PEs, which register no product).
 
     Members
@@ -377,8 +386,8 @@ class SystolicTile(_ArrayComponent):
     carries n·R lanes, lanes ``[s*R, (s+1)*R)`` being column k of A_s; beat k of ``b`` carries
     n·C lanes, lanes ``[s*C, (s+1)*C)`` being row k of B_s. Framing, ``last``, spacing, ``error``
     and throughput are those of :class:`OutputStationaryArray`; the tree adds ``ceil(log2 n)``
-    cycles of latency (first output ``K + C + 2 + ceil(log2 n)`` cycles after the first input;
-    one fewer with floating-point PEs).
+    cycles of latency (first output ``K + C + 4 + ceil(log2 n)`` cycles after the first input;
+    three fewer with floating-point PEs).
     """
 
     def __init__(self, config):

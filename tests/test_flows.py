@@ -90,9 +90,10 @@ def test_place_and_route_is_seeded_and_reproducible(tmp_path):
     assert 20 < first["fmax_mhz"] < 500
     assert first["dsps"] == 4                      # one multiplier per PE
     assert first["luts"] > 0 and first["flip_flops"] > 0 and first["block_rams"] == 0
-    # Every PE's product register is its DSP's own (flows/dsp_pack.py): 4 x 16 bits.
-    assert first["dsp_output_register_bits"] == 64
-    assert first["synthesis"]["flip_flops"] - first["flip_flops"] == 64
+    # Every PE's operand and product registers are its DSP's own (flows/dsp_pack.py):
+    # 4 x (8 + 8 + 16) bits.
+    assert first["dsp_register_bits"] == 128
+    assert first["synthesis"]["flip_flops"] - first["flip_flops"] == 128
     path = first["critical_path"]
     # It ends inside a DSP (its setup holds the multiply) or at a fabric flip-flop after logic.
     assert path["from"] and path["to"]

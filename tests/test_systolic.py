@@ -81,14 +81,14 @@ def test_os_cycle_model_back_to_back_and_spacing():
     model = golden.OSCycleModel(rows=4, cols=3)
     ins, outs = model.schedule([4, 4, 4])
     assert ins == list(range(12))                              # T*K cycles, no bubble
-    assert outs[:4] == [3 + 3 + 3 + i for i in range(4)]      # last at 3, + C + 3 + i
-    assert outs[0] - ins[0] == model.first_output_latency(4) == 4 + 3 + 2
-    # Floating-point PEs register no product: one edge earlier.
+    assert outs[:4] == [3 + 3 + 5 + i for i in range(4)]      # last at 3, + C + 5 + i
+    assert outs[0] - ins[0] == model.first_output_latency(4) == 4 + 3 + 4
+    # Floating-point PEs register no operands and no product: three edges earlier.
     assert golden.OSCycleModel(rows=4, cols=3, dtype="bf16").first_output_latency(4) == 4 + 3 + 1
     ins, _ = model.schedule([1, 1])                            # K < R: last beats R apart
     assert ins == [0, 4]
     tree = golden.OSCycleModel(rows=2, cols=2, arrays=5)
-    assert tree.tree_depth == 3 and tree.first_output_latency(2) == 2 + 2 + 2 + 3
+    assert tree.tree_depth == 3 and tree.first_output_latency(2) == 2 + 2 + 4 + 3
 
 
 def test_ws_cycle_model_overlaps_weight_loads():
@@ -103,7 +103,7 @@ def test_ws_cycle_model_overlaps_weight_loads():
 
 def test_figures_state_width_and_formulas():
     fig = golden.figures("systolic", rows=3, cols=5, dataflow="os", in_width=8, acc_width=32)
-    assert fig["first_output_latency_cycles_at_K_eq_R"] == 3 + 5 + 2
+    assert fig["first_output_latency_cycles_at_K_eq_R"] == 3 + 5 + 4
     assert fig["accumulator"] == {"width": 32, "overflow": "wrap (two's complement)"}
 
 
@@ -188,7 +188,7 @@ def test_verilog_and_manifest_for_3x5(tmp_path):
     assert manifest["params"] == {"rows": 3, "cols": 5, "dataflow": "os", "in_width": 8,
                                   "acc_width": 32, "dtype": "int", "acc_frac": 13,
                                   "promote_every": 128, "scale_format": "fp32"}
-    assert manifest["figures"]["first_output_latency_cycles_at_K_eq_R"] == 10
+    assert manifest["figures"]["first_output_latency_cycles_at_K_eq_R"] == 12
 
 
 @pytest.mark.parametrize("args, needle", [
