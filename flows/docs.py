@@ -88,11 +88,12 @@ def _figures_table(name, bench):
                      fmax_text(r.get("pnr_ecp5"))))
     full = [r for r in records if "synth_generic" in r] or records
     when = full[0].get("generated", bench.get("generated", "?"))
-    # A later `moegen bench --only throughput|synth|pnr` run stamps the figures it re-measured.
+    # A later `moegen bench --only PART` run stamps the figures it re-measured.
     later = []
     for key, what in (("verilator", "the `test_throughput` figures"),
                       ("synth_generic", "the synthesis figures"),
-                      ("pnr_ecp5", "the Fmax figures")):
+                      ("pnr_ecp5", "the Fmax figures"),
+                      ("activity", "the switching-activity figures")):
         again = sorted({r[key]["generated"] for r in full
                         if (r.get(key) or {}).get("generated", when) != when})
         if again:

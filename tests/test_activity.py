@@ -147,6 +147,15 @@ def test_a_partial_throughput_run_is_dated_on_the_block_page():
     page = _figures_table("lif", merge_bench(merge_bench(merge_bench(old, new), synth), placed))
     assert ("the synthesis figures of later; the Fmax figures of last)") in page
     assert "99.5 MHz" in page
+    # `moegen bench --only activity` too: its flips per operation are dated.
+    toggled = {"generated": "latest", "results": [
+        {"block": "lif", "params": "", "partial": True,
+         "activity": {"operation": "step", "operations": 4, "cycles": 14, "flips": 14,
+                      "flips_per_operation": 3.5, "flips_per_cycle": 1.0,
+                      "parts_flips_per_operation": {"(top level)": 3.5}}}]}
+    page = _figures_table("lif", merge_bench(merge_bench(merge_bench(merge_bench(
+        old, new), synth), placed), toggled))
+    assert "the Fmax figures of last; the switching-activity figures of latest)" in page
 
 
 def test_a_configuration_only_partial_runs_measured_gets_a_row():
