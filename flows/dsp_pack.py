@@ -155,11 +155,12 @@ def _pack_module(module):
             registers[pin] = name
         return registers if any(registers.values()) else None
 
+    taken = set()                        # flip-flops a DSP has taken (one can feed another DSP)
     for dsp_name, dsp in list(cells.items()):
         if dsp["type"] != DSP:
             continue
         conns, params = dsp["connections"], dsp["parameters"]
-        packs = []                       # (kind, flip-flop names)
+        packs = []                       # (kind, its flip-flops by port)
         if params.get("REG_OUTPUT_CLK", "NONE") == "NONE":
             groups = output_groups(conns)
             if groups is not None:
@@ -177,7 +178,7 @@ def _pack_module(module):
             names = ({ff for group in groups.values() for ff in group} if kind == "output"
                      else {ff for regs in groups.values() for ff in regs.values() if ff})
             found = clock_and_enable([cells[ff] for ff in names])
-            if found is None:
+            if found is None or names & taken:
                 continue
             clock, (bit, inverted) = found
             if key is not None:          # the enable must be the one the DSP has
@@ -191,6 +192,7 @@ def _pack_module(module):
                     bit = inverters[bit]
                 key = (clock, bit)
             chosen.append((kind, groups))
+            taken |= names
         if not chosen:
             continue
         params["GSR"] = "DISABLED"
