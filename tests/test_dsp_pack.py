@@ -85,15 +85,15 @@ endmodule
 """
 
 
-def _flatten(tmp_path, netlist, name):
+def _flatten(tmp_path, netlist, name, top="pack_demo"):
     """The top module of a Yosys JSON netlist, flattened over the ECP5 cell models, as RTLIL."""
     (tmp_path / f"{name}.json").write_text(
-        json.dumps({"modules": {"pack_demo": netlist["modules"]["pack_demo"]}}))
+        json.dumps({"modules": {top: netlist["modules"][top]}}))
     subprocess.run([_yosys(), "-q", "-p",
                     "read_verilog dsp_model.v; "
                     "read_verilog -D NO_INCLUDES +/lattice/cells_sim_ecp5.v; "
-                    f"read_json {name}.json; hierarchy -top pack_demo; proc; flatten; "
-                    f"opt_clean; rename pack_demo {name}; write_rtlil {name}.il"],
+                    f"read_json {name}.json; hierarchy -top {top}; proc; flatten; "
+                    f"opt_clean; rename {top} {name}; write_rtlil {name}.il"],
                    cwd=tmp_path, check=True, capture_output=True)
 
 
@@ -157,3 +157,51 @@ def test_a_product_register_moves_into_its_dsp_and_nothing_else_does(tmp_path):
     inputs[0]["parameters"]["REG_OUTPUT_CLK"] = "NONE"
     _flatten(tmp_path, after, "unpipelined")
     assert not _same_for_steps(tmp_path, "before", "unpipelined")
+
+
+# A chain: one DSP's product register alone feeds the next DSP's operand pins, so it could be
+# packed as the first DSP's output register or as the second's input register; it must be one
+# of them, never both (the second DSP's pins would read a net nothing drives any more).
+CHAIN = """
+module pack_chain(input clk, input [2:0] a, input [2:0] b, input [2:0] c,
+                  output reg [8:0] out);
+  reg [5:0] q;
+  reg [2:0] r;
+  always @(posedge clk) begin
+    q <= a * b;
+    r <= c;
+    out <= q * r;
+  end
+endmodule
+"""
+
+
+def test_a_register_between_two_dsps_is_packed_into_one_of_them(tmp_path):
+    (tmp_path / "pack_chain.v").write_text(CHAIN)
+    (tmp_path / "dsp_model.v").write_text(_dsp_model())
+    synthesize_files([tmp_path / "pack_chain.v"], "pack_chain", "ecp5", tmp_path, "pack_chain",
+                     netlist="pack_chain.json")
+    before = json.loads((tmp_path / "pack_chain.json").read_text())
+    after = json.loads((tmp_path / "pack_chain.json").read_text())
+    removed = pack_output_registers(after)
+    module = after["modules"]["pack_chain"]
+    dsps = [c for c in module["cells"].values() if c["type"] == "MULT18X18D"]
+    assert len(dsps) == 2
+    # q's 6 bits as the first DSP's output register, or with r's 3 as the second's inputs;
+    # out's 9 bits as the second's output register either way
+    assert removed in (6 + 9, 6 + 3 + 9)
+    ffs = sum(c["type"] == "TRELLIS_FF" for c in module["cells"].values())
+    assert ffs == sum(c["type"] == "TRELLIS_FF"
+                      for c in before["modules"]["pack_chain"]["cells"].values()) - removed
+    driven = {bit for cell in module["cells"].values()
+              for port, bits in cell["connections"].items()
+              if cell["port_directions"].get(port) == "output" for bit in bits}
+    driven |= {bit for port in module["ports"].values() if port["direction"] == "input"
+               for bit in port["bits"]}
+    for dsp in dsps:                    # every operand pin reads a driven net or a constant
+        for pin in [f"{x}{i}" for x in "AB" for i in range(18)]:
+            for bit in dsp["connections"].get(pin, []):
+                assert isinstance(bit, str) or bit in driven, (pin, bit)
+    _flatten(tmp_path, before, "before", "pack_chain")
+    _flatten(tmp_path, after, "after", "pack_chain")
+    assert _same_for_steps(tmp_path, "before", "after", steps=6)
