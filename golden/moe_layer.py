@@ -71,7 +71,7 @@ import numpy as np
 
 from golden import fp, ndp, nop, placement, router
 from golden.pmu import READ_LATENCY
-from golden.systolic import fp_tile_result, pe_stages
+from golden.systolic import OS_PE_STAGES, fp_tile_result, pe_stages
 from golden.fixed import wrap
 
 __all__ = ["MoELayer", "score_codes", "gate_weights", "dispatch_flits", "parse_header",
@@ -444,6 +444,7 @@ class ChipletShape:
     cols: int
     arrays: int
     dtype: str = "int"           # the tile's PEs: int, or a floating-point format
+    pe_stages: int = OS_PE_STAGES    # an integer PE's registers before its adder
 
     @property
     def k_x(self):
@@ -562,8 +563,9 @@ def chiplet_batch_edges(slot_tokens, shape, tokens, loaded=None):
     is at least ``READ_LATENCY + 2`` edges after it is planned (its weights' job is taken the
     next edge), and after the previous phase's last pair; a down phase
     starts once its group's last gate/up result row is written into h (the tile gives it out
-    ``C + 2 + P + (R-1) + ceil(log2 n)`` edges after the last pair (P: the PEs' product
-    registers, 3 for int, 0 in floating point), and it is written
+    ``C + 2 + P + (R-1) + ceil(log2 n)`` edges after the last pair (P: the PEs' registers
+    before their adders, ``pe_stages`` for int, 3 by default; 0 in floating point), and it
+    is written
     ``RESULT_STAGES`` edges later), plus ``A_SLICE_EDGES + 1`` edges (the executor's register
     slice). The tile takes one pair per edge and a tile's last pair at least R edges after the
     previous tile's. The returns start two edges
@@ -578,7 +580,8 @@ def chiplet_batch_edges(slot_tokens, shape, tokens, loaded=None):
     loaded = list(loaded) if loaded is not None else [None] * len(slot_tokens)
     R, C = shape.rows, shape.cols
     tree = (shape.arrays - 1).bit_length()
-    tile_lag = C + 2 + pe_stages(shape.dtype) + (R - 1) + tree   # last pair -> last row out
+    # last pair -> last row out
+    tile_lag = C + 2 + pe_stages(shape.dtype, shape.pe_stages) + (R - 1) + tree
     result_lag = tile_lag + RESULT_STAGES            # ... -> written into h or the sums
     # The plan: phases (("gu"|"down", group)) and planner actions in order.
     actions, groups = [], 0

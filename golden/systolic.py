@@ -29,10 +29,11 @@ OS_PE_STAGES = 3
 WS_PE_STAGES = 1
 
 
-def pe_stages(dtype="int"):
-    """Product-register stages of an output-stationary PE of ``dtype``: :data:`OS_PE_STAGES`
-    for integers, 0 for the floating-point PEs."""
-    return OS_PE_STAGES if dtype == "int" else 0
+def pe_stages(dtype="int", stages=OS_PE_STAGES):
+    """Registers from an output-stationary PE's operands to its adder: ``stages`` (a block's
+    ``pe_stages``, 0..3, :data:`OS_PE_STAGES` by default) for integers, 0 for the
+    floating-point PEs."""
+    return stages if dtype == "int" else 0
 
 
 def matmul_wrapped(lhs, rhs, width):
@@ -94,8 +95,9 @@ class OSCycleModel:
     except that a tile's ``last`` beat waits until ``rows`` cycles have passed since the previous
     tile's ``last`` beat (results of two tiles would otherwise meet in a column). Row i of a tile
     whose last beat was taken at edge T is taken from ``c`` at ``T + cols + 2 + P + i + tree``,
-    where ``P`` is the PE's product stages (:func:`pe_stages`: 3 for integers, 0 for floating
-    point) and ``tree = ceil(log2 arrays)`` the adder-tree depth (0 for one array).
+    where ``P`` is the PE's register stages (:func:`pe_stages`: the block's ``pe_stages``, 3 by
+    default, for integers; 0 for floating point) and ``tree = ceil(log2 arrays)`` the
+    adder-tree depth (0 for one array).
 
     Parameters
     ----------
@@ -105,12 +107,14 @@ class OSCycleModel:
         Arrays in a tile (1 for the plain array).
     dtype : str
         The PEs' operand type (``int`` or a floating-point format).
+    stages : int
+        The block's ``pe_stages`` (integer PEs only).
     """
 
-    def __init__(self, rows, cols, arrays=1, dtype="int"):
+    def __init__(self, rows, cols, arrays=1, dtype="int", stages=OS_PE_STAGES):
         self.rows, self.cols = rows, cols
         self.tree_depth = math.ceil(math.log2(arrays)) if arrays > 1 else 0
-        self.pe_stages = pe_stages(dtype)
+        self.pe_stages = pe_stages(dtype, stages)
 
     def first_output_latency(self, depth):
         """Edges from the first input transfer to the first output transfer, for tile depth K."""
@@ -224,7 +228,8 @@ def figures(block, **params):
             "peak_macs_per_cycle": rows * cols,
             "accumulator": accumulator,
         }
-    model = OSCycleModel(rows, cols, params.get("arrays", 1), params.get("dtype", "int"))
+    model = OSCycleModel(rows, cols, params.get("arrays", 1), params.get("dtype", "int"),
+                         params.get("pe_stages", OS_PE_STAGES))
     return {
         "dataflow": "os",
         "first_output_latency_formula": f"K + C + 1 + {model.pe_stages} + {model.tree_depth}",

@@ -483,6 +483,9 @@ class ExpertChipletConfig(PacketShape):
     combine_dtype : str
         The return lanes: ``int`` (signed ``combine_width`` bits) with an int ``dtype``;
         ``bf16`` or ``fp32`` codes (``combine_width`` 16 or 32) with a floating-point one.
+    pe_stages : int
+        The tile's integer PEs: registers from operands to adder (``systolic_tile``'s
+        ``pe_stages``; each is an edge more from a group's last pair to its result rows).
     """
     experts: int = like_param(MoEGateConfig, "experts")
     k: int = like_param(MoEGateConfig, "k")
@@ -515,6 +518,7 @@ class ExpertChipletConfig(PacketShape):
     promote_every: int = like_param(SystolicTileConfig, "promote_every")
     combine_dtype: str = choice_param("int", ("int", "bf16", "fp32"),
                                       "return lanes: integers, or BF16/FP32 codes")
+    pe_stages: int = like_param(SystolicTileConfig, "pe_stages")
 
     def __post_init__(self):
         validate(self)
@@ -563,13 +567,15 @@ class ExpertChipletConfig(PacketShape):
             "dtype": self.dtype, "acc_frac": self.acc_frac,
             "promote_every": self.promote_every, "scale_format": "e8m0"}
         return SystolicTileConfig(rows=self.rows, cols=self.cols, arrays=self.arrays,
-                                  in_width=self.tile_width, acc_width=self.acc_width, **extra)
+                                  in_width=self.tile_width, acc_width=self.acc_width,
+                                  pe_stages=self.pe_stages, **extra)
 
     @property
     def schedule(self):
         """The sizes of the tile schedule (``golden.moe_layer.ChipletShape``)."""
         return golden.ChipletShape(d_model=self.d_model, d_ff=self.d_ff, rows=self.rows,
-                                   cols=self.cols, arrays=self.arrays, dtype=self.dtype)
+                                   cols=self.cols, arrays=self.arrays, dtype=self.dtype,
+                                   pe_stages=self.pe_stages)
 
     @property
     def queue_flits(self):
@@ -1374,7 +1380,7 @@ class MoELayerConfig(PacketShape):
     ``acc_width`` is ``combine_width``, its ``max_flits`` one packet). Chiplets
     (``expert_chiplet``, one per leaf): slots, d_ff, acc_width, shift_g, shift_u, shift_h,
     gate_shift, combine_width, rows, cols, arrays, batch, batch_wait, queue_tokens,
-    token_banks. Floating point (all parts): dtype, acc_frac, promote_every, combine_dtype
+    token_banks, pe_stages. Floating point (all parts): dtype, acc_frac, promote_every, combine_dtype
     (the chiplets' return lanes and the tree's combine).
     """
     experts: int = like_param(MoEGateConfig, "experts")
@@ -1417,6 +1423,7 @@ class MoELayerConfig(PacketShape):
     acc_frac: int = like_param(ExpertChipletConfig, "acc_frac")
     promote_every: int = like_param(ExpertChipletConfig, "promote_every")
     combine_dtype: str = like_param(ExpertChipletConfig, "combine_dtype")
+    pe_stages: int = like_param(ExpertChipletConfig, "pe_stages")
 
     def __post_init__(self):
         validate(self)
@@ -1477,7 +1484,7 @@ class MoELayerConfig(PacketShape):
             arrays=self.arrays, batch=self.batch, batch_wait=self.batch_wait,
             queue_tokens=self.queue_tokens, token_banks=self.token_banks, dtype=self.dtype,
             acc_frac=self.acc_frac, promote_every=self.promote_every,
-            combine_dtype=self.combine_dtype)
+            combine_dtype=self.combine_dtype, pe_stages=self.pe_stages)
 
 
 def layer_weights_layout(config):

@@ -38,6 +38,12 @@ PROMOTE_PARAM = int_param(128, 0, 128, "K elements per promotion into FP32 (floa
                           "0: at the end)")
 SCALE_PARAM = choice_param("fp32", ("fp32", "e8m0"), "format of the scales (floating point)")
 SCALE_BLOCK = 128                  # elements of K per scale (1x128 tiles, 128x128 blocks)
+# Latency for clock rate (docs/blocks/systolic.md, "Clock rate"): the registers between an
+# integer output-stationary PE's operands and its accumulator adder. Unused by the
+# weight-stationary PE (one product register) and the floating-point PEs (none).
+PE_STAGES_PARAM = int_param(golden.OS_PE_STAGES, 0, 3,
+                            "registers from an integer OS PE's operands to its adder (0: none; "
+                            "1: the product; 2: operands, product; 3: operands, product twice)")
 
 
 def _check_float(config):
@@ -75,6 +81,9 @@ class SystolicConfig:
         Width of the signed input lanes (2..16).
     acc_width : int
         Width of the signed accumulators and output lanes (2..64); sums wrap in two's complement.
+    pe_stages : int
+        Registers from an integer output-stationary PE's operands to its accumulator adder
+        (0..3, default ``golden.systolic.OS_PE_STAGES`` = 3): each adds an edge of latency.
 
     Raises
     ------
@@ -90,6 +99,7 @@ class SystolicConfig:
     acc_frac: int = ACC_FRAC_PARAM
     promote_every: int = PROMOTE_PARAM
     scale_format: str = SCALE_PARAM
+    pe_stages: int = PE_STAGES_PARAM
 
     def __post_init__(self):
         validate(self)
@@ -106,7 +116,7 @@ class SystolicTileConfig:
 
     Parameters
     ----------
-    rows, cols, in_width, acc_width
+    rows, cols, in_width, acc_width, pe_stages
         As in :class:`SystolicConfig`, for every array of the tile.
     arrays : int
         n, the number of arrays (1..16); each takes one K-slice per beat.
@@ -120,6 +130,7 @@ class SystolicTileConfig:
     acc_frac: int = ACC_FRAC_PARAM
     promote_every: int = PROMOTE_PARAM
     scale_format: str = SCALE_PARAM
+    pe_stages: int = PE_STAGES_PARAM
 
     def __post_init__(self):
         validate(self)
@@ -175,7 +186,7 @@ class _ArrayComponent(ConfiguredComponent):
             return os_grid(m, pipe, cfg.rows, cfg.cols, cfg.acc_width,
                            [data for data, _ in a_lanes], [data for data, _ in b_lanes],
                            join.take, join.first, join.last, prefix=prefix,
-                           product_stages=golden.OS_PE_STAGES)
+                           product_stages=cfg.pe_stages)
         width = code_width(cfg)
 
         def pe(a_in, b_in, flags, name):
@@ -233,9 +244,10 @@ def os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, last
     makes its own registers, updated where ``flags`` (valid, first, last, ``extra_flags``...)
     say, and returns the register read out at ``done`` (the floating-point PE).
 
-    ``product_stages`` (0, or 2 and more): the integer PE registers its operands, then
-    ``product(a, b)`` (with its flags) ``product_stages - 1`` times, before adding it into the
-    accumulator; every result leaves that many edges later (``golden.systolic.OS_PE_STAGES``).
+    ``product_stages``: registers between the integer PE's operands and its accumulator adder
+    (a block's ``pe_stages``; ``golden.systolic.OS_PE_STAGES`` by default): 0 none, 1
+    ``product(a, b)``'s (with its flags), 2 and more the operands' and then the product's
+    ``product_stages - 1`` times; every result leaves that many edges later.
     On ECP5 the operand registers and the first product register become the DSP's own
     (flows/dsp_pack.py), and the second product register, in fabric, gives the route out of a DSP
     placed far from its adder a cycle to itself: the route into the DSP, the multiplier, the
@@ -260,7 +272,7 @@ def os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, last
                 acc[i][j] = pe(a_in, b_in, flags_in, f"{prefix}pe_{i}_{j}_")
             else:
                 acc[i][j] = Signal(signed(acc_width), name=f"{prefix}acc_{i}_{j}")
-                if stages:
+                if stages >= 2:
                     # The operands' own registers (not the skew registers, which also feed the
                     # next PE), then the product's.
                     term = product(pipe.reg(a_in, f"{prefix}pa_{i}_{j}", reset_less=True),
@@ -268,6 +280,10 @@ def os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, last
                     term = pipe.delay(term, stages - 1, f"{prefix}prod_{i}_{j}", reset_less=True)
                     pe_flags = pipe.delay(flags_next, stages - 1, f"{prefix}pf_{i}_{j}")
                     pe_valid, pe_first, pe_last = pe_flags[0], pe_flags[1], pe_flags[2]
+                elif stages == 1:           # the product's register alone
+                    term = pipe.reg(product(a_in, b_in), f"{prefix}prod_{i}_{j}",
+                                    reset_less=True)
+                    pe_valid, pe_first, pe_last = flags_next[0], flags_next[1], flags_next[2]
                 else:
                     term = product(a_in, b_in)
                 # Truncation on assignment is the documented wrap-around.

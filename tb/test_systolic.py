@@ -176,7 +176,8 @@ class OSBench(_Bench):
 
     def model(self):
         return golden.OSCycleModel(self.cfg.rows, self.cfg.cols, self.arrays,
-                                   getattr(self.cfg, "dtype", "int"))
+                                   getattr(self.cfg, "dtype", "int"),
+                                   getattr(self.cfg, "pe_stages", golden.OS_PE_STAGES))
 
 
 class WSBench(_Bench):

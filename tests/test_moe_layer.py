@@ -336,16 +336,18 @@ def test_layer_has_a_weight_port_per_switch_group():
 # of 3 arrays, a batch of 5, a queue of 2 packets, 2 header flits, 3 token banks); the
 # smallest corner (1 of everything, 2-bit elements, no queue, one token bank); a tall narrow
 # tile (R = 6 > K, so the tile's spacing rule paces it) with 4 slots holding every expert.
+# The tile's integer PEs with 2 registers before their adders in the odd sizes, none in the
+# corner (3, the default, elsewhere).
 CHIPLET_CONFIGS = [
     {},
     {"experts": 7, "k": 3, "slots": 3, "d_model": 5, "d_ff": 3, "lanes": 2, "rows": 3,
      "cols": 2, "arrays": 3, "batch": 5, "batch_wait": 3, "in_width": 6, "w_width": 5,
      "acc_width": 20, "combine_width": 20, "gate_width": 4, "data_width": 8,
-     "queue_tokens": 2, "token_banks": 3},
+     "queue_tokens": 2, "token_banks": 3, "pe_stages": 2},
     {"experts": 2, "k": 1, "slots": 1, "leaves": 1, "d_model": 1, "d_ff": 1, "lanes": 1,
      "rows": 1, "cols": 1, "arrays": 1, "batch": 1, "batch_wait": 1, "in_width": 2,
      "w_width": 2, "gate_width": 1, "data_width": 2, "shift_g": 0, "shift_u": 0,
-     "shift_h": 0, "gate_shift": 0, "queue_tokens": 0, "token_banks": 1},
+     "shift_h": 0, "gate_shift": 0, "queue_tokens": 0, "token_banks": 1, "pe_stages": 0},
     {"experts": 4, "k": 2, "slots": 4, "d_model": 4, "d_ff": 6, "lanes": 4, "rows": 6,
      "cols": 3, "arrays": 1, "batch": 7, "shift_g": 3, "gate_shift": 5},
     # Floating point (issue 17; E4M3 with BF16 returns runs in the layer's configurations):
@@ -457,7 +459,8 @@ def test_chiplet_config_errors_name_the_parameter(params, name):
 
 # The defaults (8 experts on 4 chiplets of 2 slots, a 2,2 tree, 2 token banks); an odd one:
 # node-limited 6 experts in 3 groups and a shared expert on a 3-leaf tree, D = 5, F = 3, 2
-# lanes (2 header flits), a 3x2 tile of 3 arrays, batches of 3, one token bank; FP8.
+# lanes (2 header flits), a 3x2 tile of 3 arrays with the product's register alone before
+# each PE's adder (pe_stages 1), batches of 3, one token bank; FP8.
 LAYER_CONFIGS = [
     {},
     {"experts": 6, "k": 3, "groups": 3, "topk_groups": 2, "fanouts": (3,), "slots": 3,
@@ -465,7 +468,7 @@ LAYER_CONFIGS = [
      "d_model": 5, "d_ff": 3, "lanes": 2, "rows": 3, "cols": 2, "arrays": 3, "batch": 3,
      "batch_wait": 4, "in_width": 6, "w_width": 5, "score_width": 4, "gate_width": 4,
      "data_width": 8, "acc_width": 20, "combine_width": 20, "score_shift": 3,
-     "token_banks": 1},
+     "token_banks": 1, "pe_stages": 1},
     # FP8 dispatch, BF16 combine (seed 003 §6.5), the demo's: E4M3 x and experts, BF16
     # returns added by a 3-way switch (3 chiplets a token: the order matters), 3 experts a
     # chiplet (their order too), an odd adder tree (3 arrays), promotion inside a dot, the gate

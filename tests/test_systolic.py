@@ -18,13 +18,14 @@ from hw.registry import all_blocks, get_block
 from hw.systolic import SystolicConfig, SystolicTileConfig
 
 # Configurations simulated by `make test` on both simulators: odd and non-square sizes, the
-# 1x1 corner, narrow and wide lanes, accumulators narrow enough that the tests see them wrap.
+# 1x1 corner, narrow and wide lanes, accumulators narrow enough that the tests see them wrap;
+# the integer PE's registers at their default (3), none (0) and the product's alone (1).
 SIM_CONFIGS = [
     ("systolic", {"rows": 3, "cols": 5, "dataflow": "os", "in_width": 3}),
-    ("systolic", {"rows": 1, "cols": 1, "dataflow": "os"}),
+    ("systolic", {"rows": 1, "cols": 1, "dataflow": "os", "pe_stages": 0}),
     ("systolic", {"rows": 1, "cols": 3, "dataflow": "ws", "acc_width": 10}),
     ("systolic", {"rows": 4, "cols": 2, "dataflow": "ws", "in_width": 16, "acc_width": 24}),
-    ("systolic_tile", {"rows": 3, "cols": 2, "arrays": 4, "acc_width": 14}),
+    ("systolic_tile", {"rows": 3, "cols": 2, "arrays": 4, "acc_width": 14, "pe_stages": 1}),
     # Floating point (seed 003 §3.1): a BF16 tile of three 2x1 arrays (an FP32 adder tree with
     # a pass-through), 23 fraction bits, promoted every 2 elements, E8M0 scales (fp_dot's
     # tests cover the same accumulator with FP32 scales; the sweep has E4M3 and E5M2 arrays).
@@ -34,7 +35,7 @@ SIM_CONFIGS = [
 
 SWEEP_CONFIGS = [
     ("systolic", {"rows": 2, "cols": 3, "dtype": "fp8_e4m3"}),
-    ("systolic", {"rows": 4, "cols": 4, "dataflow": "os", "acc_width": 12}),
+    ("systolic", {"rows": 4, "cols": 4, "dataflow": "os", "acc_width": 12, "pe_stages": 2}),
     ("systolic", {"rows": 3, "cols": 1, "dtype": "fp8_e5m2", "acc_frac": 4, "promote_every": 0}),
     ("systolic_tile", {"rows": 1, "cols": 2, "arrays": 2, "dtype": "fp8_e4m3", "acc_frac": 24,
                        "promote_every": 1}),
@@ -85,6 +86,11 @@ def test_os_cycle_model_back_to_back_and_spacing():
     assert outs[0] - ins[0] == model.first_output_latency(4) == 4 + 3 + 4
     # Floating-point PEs register no operands and no product: three edges earlier.
     assert golden.OSCycleModel(rows=4, cols=3, dtype="bf16").first_output_latency(4) == 4 + 3 + 1
+    # pe_stages: one edge per register, for integers only
+    for stages in range(4):
+        model = golden.OSCycleModel(4, 3, stages=stages)
+        assert model.first_output_latency(4) == 4 + 3 + 1 + stages
+    assert golden.OSCycleModel(4, 3, dtype="bf16", stages=1).first_output_latency(4) == 4 + 3 + 1
     ins, _ = model.schedule([1, 1])                            # K < R: last beats R apart
     assert ins == [0, 4]
     tree = golden.OSCycleModel(rows=2, cols=2, arrays=5)
@@ -104,6 +110,8 @@ def test_ws_cycle_model_overlaps_weight_loads():
 def test_figures_state_width_and_formulas():
     fig = golden.figures("systolic", rows=3, cols=5, dataflow="os", in_width=8, acc_width=32)
     assert fig["first_output_latency_cycles_at_K_eq_R"] == 3 + 5 + 4
+    fig0 = golden.figures("systolic_tile", rows=3, cols=5, arrays=2, acc_width=32, pe_stages=0)
+    assert fig0["first_output_latency_formula"] == "K + C + 1 + 0 + 1"
     assert fig["accumulator"] == {"width": 32, "overflow": "wrap (two's complement)"}
 
 
@@ -115,6 +123,9 @@ def test_figures_state_width_and_formulas():
     (SystolicConfig, "cols", 0, "parameter 'cols': got 0; allowed: an integer in 1..64"),
     (SystolicConfig, "cols", "4", "parameter 'cols': got '4'; allowed: an integer in 1..64"),
     (SystolicConfig, "dataflow", "is", "parameter 'dataflow': got 'is'; allowed: one of 'os', 'ws'"),
+    (SystolicConfig, "pe_stages", 4, "parameter 'pe_stages': got 4; allowed: an integer in 0..3"),
+    (SystolicTileConfig, "pe_stages", -1,
+     "parameter 'pe_stages': got -1; allowed: an integer in 0..3"),
     (SystolicConfig, "in_width", 1, "parameter 'in_width': got 1; allowed: an integer in 2..16"),
     (SystolicConfig, "in_width", 17, "parameter 'in_width': got 17; allowed: an integer in 2..16"),
     (SystolicConfig, "acc_width", 65,
@@ -187,7 +198,7 @@ def test_verilog_and_manifest_for_3x5(tmp_path):
     assert c_fields["data.2"] == (64, 95) and c_fields["last"] == (160, 160)
     assert manifest["params"] == {"rows": 3, "cols": 5, "dataflow": "os", "in_width": 8,
                                   "acc_width": 32, "dtype": "int", "acc_frac": 13,
-                                  "promote_every": 128, "scale_format": "fp32"}
+                                  "promote_every": 128, "scale_format": "fp32", "pe_stages": 3}
     assert manifest["figures"]["first_output_latency_cycles_at_K_eq_R"] == 12
 
 
