@@ -110,13 +110,18 @@ def _same_for_steps(tmp_path, gold, gate, steps=8):
     return proc.returncode == 0
 
 
-def test_a_product_register_moves_into_its_dsp_and_nothing_else_does(tmp_path):
-    (tmp_path / "pack_demo.v").write_text(DESIGN)
+def _synthesized(tmp_path, top, verilog):
+    """``verilog`` synthesized for ECP5 (with the DSP model beside it for the proofs): two
+    copies of its JSON netlist, one to keep and one to pack."""
+    (tmp_path / f"{top}.v").write_text(verilog)
     (tmp_path / "dsp_model.v").write_text(_dsp_model())
-    synthesize_files([tmp_path / "pack_demo.v"], "pack_demo", "ecp5", tmp_path, "pack_demo",
-                     netlist="pack_demo.json")
-    before = json.loads((tmp_path / "pack_demo.json").read_text())
-    after = json.loads((tmp_path / "pack_demo.json").read_text())
+    synthesize_files([tmp_path / f"{top}.v"], top, "ecp5", tmp_path, top, netlist=f"{top}.json")
+    return (json.loads((tmp_path / f"{top}.json").read_text()),
+            json.loads((tmp_path / f"{top}.json").read_text()))
+
+
+def test_a_product_register_moves_into_its_dsp_and_nothing_else_does(tmp_path):
+    before, after = _synthesized(tmp_path, "pack_demo", DESIGN)
 
     # prod's and square's 16 bits each, ce's 20, pe's 6, pa's and pb's 3 each; no others
     assert pack_output_registers(after) == 2 * 16 + 20 + 6 + 2 * 3
@@ -177,12 +182,7 @@ endmodule
 
 
 def test_a_register_between_two_dsps_is_packed_into_one_of_them(tmp_path):
-    (tmp_path / "pack_chain.v").write_text(CHAIN)
-    (tmp_path / "dsp_model.v").write_text(_dsp_model())
-    synthesize_files([tmp_path / "pack_chain.v"], "pack_chain", "ecp5", tmp_path, "pack_chain",
-                     netlist="pack_chain.json")
-    before = json.loads((tmp_path / "pack_chain.json").read_text())
-    after = json.loads((tmp_path / "pack_chain.json").read_text())
+    before, after = _synthesized(tmp_path, "pack_chain", CHAIN)
     removed = pack_output_registers(after)
     module = after["modules"]["pack_chain"]
     dsps = [c for c in module["cells"].values() if c["type"] == "MULT18X18D"]
