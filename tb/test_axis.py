@@ -127,7 +127,7 @@ async def test_axis_edges_match_the_cycle_model_without_stalls(dut):
         await _send_job(ports, a_src, b_src, *_random_job(rng, params, depth))
     for _ in depths:
         await with_timeout(c_sink.recv(), 100, "us")
-    model = golden.OSCycleModel(rows, cols)
+    model = golden.OSCycleModel(rows, cols, stages=params.get("pe_stages", golden.OS_PE_STAGES))
     assert [e - first_in for e in out_edges] == model.schedule(depths)[1]
 
 

@@ -104,7 +104,8 @@ def test_fusesoc_lists_the_core_and_runs_its_lint_and_sim_targets(tmp_path):
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
 def test_axis_wrapper_against_golden_with_cocotbext_axi(tmp_path, simulator):
-    """systolic (2 x 3, 5-bit inputs: tdata padded to bytes) behind its AXI4-Stream wrapper,
+    """systolic (2 x 3, 5-bit inputs: tdata padded to bytes, pe_stages 1: the cycle model
+    reads it from the manifest) behind its AXI4-Stream wrapper,
     driven by cocotbext-axi (tb/test_axis.py): random and burst pauses on every port, every
     c edge against the cycle model without pauses, aresetn in the middle of a job."""
     from cocotb_tools.check_results import get_results
@@ -112,7 +113,7 @@ def test_axis_wrapper_against_golden_with_cocotbext_axi(tmp_path, simulator):
 
     toolchain.activate()
     v_path, info = _verilog(tmp_path, "ip", "systolic", "-p", "rows=2", "-p", "cols=3", "-p",
-                            "in_width=5", "--axis")
+                            "in_width=5", "-p", "pe_stages=1", "--axis")
     wrapper = v_path.with_name("systolic_axis.v")
     text = wrapper.read_text()
     for port in ("s_axis_a_tdata", "s_axis_a_tlast", "s_axis_b_tready", "m_axis_c_tdata",
