@@ -1380,8 +1380,8 @@ class MoELayerConfig(PacketShape):
     ``acc_width`` is ``combine_width``, its ``max_flits`` one packet). Chiplets
     (``expert_chiplet``, one per leaf): slots, d_ff, acc_width, shift_g, shift_u, shift_h,
     gate_shift, combine_width, rows, cols, arrays, batch, batch_wait, queue_tokens,
-    token_banks, pe_stages. Floating point (all parts): dtype, acc_frac, promote_every, combine_dtype
-    (the chiplets' return lanes and the tree's combine).
+    token_banks, pe_stages. Floating point (all parts): dtype, acc_frac, promote_every,
+    combine_dtype (the chiplets' return lanes and the tree's combine).
     """
     experts: int = like_param(MoEGateConfig, "experts")
     k: int = like_param(MoEGateConfig, "k")

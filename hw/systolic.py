@@ -245,7 +245,7 @@ def os_grid(m, pipe, rows, cols, acc_width, a_lanes, b_lanes, valid, first, last
     say, and returns the register read out at ``done`` (the floating-point PE).
 
     ``product_stages``: registers between the integer PE's operands and its accumulator adder
-    (a block's ``pe_stages``; ``golden.systolic.OS_PE_STAGES`` by default): 0 none, 1
+    (the arrays pass their ``pe_stages``, 3 by default; the spiking array none): 0 none, 1
     ``product(a, b)``'s (with its flags), 2 and more the operands' and then the product's
     ``product_stages - 1`` times; every result leaves that many edges later.
     On ECP5 the operand registers and the first product register become the DSP's own
