@@ -88,8 +88,8 @@ def test_os_cycle_model_back_to_back_and_spacing():
     assert golden.OSCycleModel(rows=4, cols=3, dtype="bf16").first_output_latency(4) == 4 + 3 + 1
     # pe_stages: one edge per register, for integers only
     for stages in range(4):
-        model = golden.OSCycleModel(4, 3, stages=stages)
-        assert model.first_output_latency(4) == 4 + 3 + 1 + stages
+        staged = golden.OSCycleModel(4, 3, stages=stages)
+        assert staged.first_output_latency(4) == 4 + 3 + 1 + stages
     assert golden.OSCycleModel(4, 3, dtype="bf16", stages=1).first_output_latency(4) == 4 + 3 + 1
     ins, _ = model.schedule([1, 1])                            # K < R: last beats R apart
     assert ins == [0, 4]
