@@ -703,7 +703,8 @@ class ExpertChiplet(TieredComponent):
         floating = cfg.dtype != "int"
         if floating:
             code_fmt, fp32 = golden_fp.FORMATS[cfg.dtype], golden_fp.FORMATS["fp32"]
-        tile = m.submodules.tile = SystolicTile(cfg.tile_config())
+        # The tile's output is always taken (below): no output queue, no stall.
+        tile = m.submodules.tile = SystolicTile(cfg.tile_config(), always_ready=True)
         # The tile's `a` beats leave from a register slice: the token and beat selects that
         # build a beat and the wire to the tile's multipliers are then in different cycles
         # (the clock rate). A beat carries whether it ends its phase: the phase leaves the plan
@@ -719,7 +720,8 @@ class ExpertChiplet(TieredComponent):
                      a_slice.o.ready.eq(tile.a.ready)]
         phase_in_slice = a_slice.o.valid & a_slice.o.payload.phase_last
         pmu_cfg = cfg.pmu_config()
-        pmu = m.submodules.scratchpad = PMU(pmu_cfg, tier=self.tier)
+        # Every job is V consecutive words per access (read_job below): no conflict logic.
+        pmu = m.submodules.scratchpad = PMU(pmu_cfg, tier=self.tier, contiguous=True)
         if self.tier == "top":
             wiring.connect(m, pmu.bottom, wiring.flipped(self.bottom))
         with m.If(pmu.error | tile.error):

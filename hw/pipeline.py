@@ -10,10 +10,10 @@ from amaranth.lib.wiring import In, Out
 
 from golden.fixed import signed_limits
 
-__all__ = ["StallPipe", "OutputQueue", "SkidSlice", "RegisterSlice", "RegisteredHeadFIFO",
-           "OUT_FIFO_DEPTH", "lanes_layout", "saturate", "select", "or_tree", "sum_tree",
-           "max_tree", "thermometer_max", "thermometer_value", "leading_one", "leading_one_tree",
-           "requant", "requant_shift", "requant_round"]
+__all__ = ["StallPipe", "OutputQueue", "OutputRegister", "SkidSlice", "RegisterSlice",
+           "RegisteredHeadFIFO", "OUT_FIFO_DEPTH", "lanes_layout", "saturate", "select", "or_tree",
+           "sum_tree", "max_tree", "thermometer_max", "thermometer_value", "leading_one",
+           "leading_one_tree", "requant", "requant_shift", "requant_round"]
 
 # Depth of an output queue. Two entries suffice for full throughput: a pipeline writes at most
 # one beat per cycle and a ready consumer reads one per cycle, so the level never exceeds one.
@@ -309,6 +309,34 @@ class OutputQueue:
         m.d.comb += [fifo.w_en.eq(valid), fifo.w_data.eq(payload),
                      port.valid.eq(fifo.r_rdy), port.payload.eq(fifo.r_data),
                      fifo.r_en.eq(port.ready)]
+
+
+class OutputRegister:
+    """An output stream for a consumer that takes every beat: one register, no queue.
+
+    The stand-in for :class:`OutputQueue` inside a block whose parent ties the stream's
+    ``ready`` high (``expert_chiplet``'s tile): a beat written at an edge is on the port from
+    that edge, as from the queue's head, so the timing is the queue's; the pipeline never
+    stalls, so none of its registers needs an enable, and ``ready`` is not read. While
+    ``valid`` is low the payload is not a beat (the pipeline's row of the cycle before).
+    """
+
+    def __init__(self, m, port, overflow=None):
+        self._port = port
+        if overflow is not None:         # nothing is ever lost: the probe stays low
+            m.d.comb += overflow.eq(0)
+
+    def stall_pipe(self):
+        """The pipeline feeding the register: it advances at every edge."""
+        return StallPipe(Const(1))
+
+    def push(self, m, valid, payload):
+        """Put ``payload`` (bits) on the port from the edge that ends a cycle where ``valid``
+        is high."""
+        port = self._port
+        held = Signal(len(port.payload.as_value()), name="out_beat", reset_less=True)
+        m.d.sync += [port.valid.eq(valid), held.eq(payload)]
+        m.d.comb += port.payload.eq(held)
 
 
 class SkidSlice(wiring.Component):

@@ -12,6 +12,7 @@ are served, at most one per bank, so lanes that share a bank are serialized, nev
 """
 
 import dataclasses
+import types
 import operator
 from functools import reduce
 
@@ -184,10 +185,16 @@ class AddressGenerator(ConfiguredComponent):
         Cycles the current access takes: 1 + the largest lane rank.
     last_step : Out(...)
         cost - 1, the largest lane rank.
+
+    ``contiguous`` (see :class:`PMU`): every job is read as contiguous, its mapping and
+    predicate fields, ``lane_stride`` and ``wait_other`` ignored; every rank is 0, and with
+    V = banks lane v's bank is v.
     """
 
-    def __init__(self, config):
+    def __init__(self, config, *, contiguous=False):
         V = config.lanes
+        self.contiguous = contiguous
+        self.fixed_banks = contiguous and V == config.banks
         self._rank_bits = max(1, ceil_log2(V))
         super().__init__(config, {
             "job": In(stream.Signature(job_layout(config))),
@@ -212,6 +219,15 @@ class AddressGenerator(ConfiguredComponent):
         A, L, V, b, CB = cfg.addr_width, cfg.loops, cfg.lanes, cfg.bank_bits, cfg.capacity_bits
         layout = job_layout(cfg)
         m = Module()
+        capacity = cfg.banks * cfg.bank_depth
+        # A contiguous generator reads these fields as constants, so none of the logic that
+        # serves other values is built.
+        contiguous = types.SimpleNamespace(
+            pred_lo=Const(0), pred_hi=Const(capacity), diagonal=Const(0), row_shift=Const(0),
+            bank_pos=[Const(i) for i in range(b)], lane_stride=Const(1), wait_other=Const(0))
+
+        def fixed(descriptor):
+            return contiguous if self.contiguous else descriptor
 
         # A descriptor is checked as it is taken, and queued with the verdict (clock rate: the
         # checks were on the path from the queue's head into the loop's registers).
@@ -219,7 +235,7 @@ class AddressGenerator(ConfiguredComponent):
             bad = reduce(operator.or_, [(descriptor.bounds[level] == 0)
                                         | (descriptor.bounds[level] > (1 << A))
                                         for level in range(L)], Const(0))
-            if b:
+            if b and not self.contiguous:
                 positions = [descriptor.bank_pos[i] for i in range(b)]
                 misplaced = positions[-1] >= CB
                 for lower, upper in zip(positions, positions[1:]):
@@ -294,7 +310,7 @@ class AddressGenerator(ConfiguredComponent):
         # Job start: when the nest is free, the queue head is latched unless it must wait for
         # the other port.
         free = ~generating | (generate & generated_last)
-        may_start = (~head.wait_other | ~self.other_busy
+        may_start = (~fixed(head).wait_other | ~self.other_busy
                      | (waiting & (self.other_done != snapshot)))
         start = Signal()
         m.d.comb += [start.eq(free & queue.r_rdy & may_start), queue.r_en.eq(start),
@@ -322,34 +338,37 @@ class AddressGenerator(ConfiguredComponent):
         mapping = Signal(kept(mapping_fields), name="addressed_job")
         m.d.sync += [addressed.eq(generate), addressed_last.eq(generated_last),
                      *[mapping[name].eq(job[name]) for name in mapping_fields],
-                     *[addresses[v].eq(level_base[0] + job.lane_stride * v) for v in range(V)]]
+                     *[addresses[v].eq(level_base[0] + fixed(job).lane_stride * v)
+                       for v in range(V)]]
 
         # Stage 2: the lane decode, registered.
         lane_valid = Signal(V, name="decoded_valid")
         lane_bank = Signal.like(self.lane_bank, name="decoded_bank")
         lane_offset = Signal.like(self.lane_offset, name="decoded_offset")
-        capacity = cfg.banks * cfg.bank_depth
         m.d.sync += [decoded.eq(addressed), decoded_last.eq(addressed_last)]
+        mapped = fixed(mapping)
         for v, address in enumerate(addresses):
             in_range = address < capacity if A > CB else Const(1)
             word = address[:CB]
             if b == 0:
                 bank, offset = Const(0, 1), word
+            elif self.fixed_banks:      # an access starts at a multiple of V = banks
+                bank, offset = Const(v, b), word[b:]
             else:
-                diagonal_bank = ((word >> mapping.row_shift)[:b] + word[:b])[:b]   # mod B
-                select_bank = Cat(*[word.bit_select(mapping.bank_pos[i], 1) for i in range(b)])
+                diagonal_bank = ((word >> mapped.row_shift)[:b] + word[:b])[:b]   # mod B
+                select_bank = Cat(*[word.bit_select(mapped.bank_pos[i], 1) for i in range(b)])
                 compacted = word
                 for i in reversed(range(b)):  # highest first: lower positions stay put
                     # A named stage per bit (one bit narrower each): _remove_bit uses its input
                     # twice, and a nested expression would double at every step. A valid job's
                     # bank bit i lies below CB - (b - 1 - i), the width left at its stage.
                     stage = Signal(len(compacted) - 1, name=f"lane{v}_compact{i}")
-                    m.d.comb += stage.eq(_remove_bit(compacted, mapping.bank_pos[i]))
+                    m.d.comb += stage.eq(_remove_bit(compacted, mapped.bank_pos[i]))
                     compacted = stage
-                bank = Mux(mapping.diagonal, diagonal_bank, select_bank)
-                offset = Mux(mapping.diagonal, word[b:], compacted)
-            m.d.sync += [lane_valid[v].eq(addressed & in_range & (address >= mapping.pred_lo)
-                                          & (address < mapping.pred_hi)),
+                bank = Mux(mapped.diagonal, diagonal_bank, select_bank)
+                offset = Mux(mapped.diagonal, word[b:], compacted)
+            m.d.sync += [lane_valid[v].eq(addressed & in_range & (address >= mapped.pred_lo)
+                                          & (address < mapped.pred_hi)),
                          lane_bank[v].eq(bank), lane_offset[v].eq(offset)]
 
         # Into the access queue: the rank of each lane among the valid lanes of its bank that
@@ -357,7 +376,9 @@ class AddressGenerator(ConfiguredComponent):
         ranks = []
         for v in range(V):
             rank = Signal(self._rank_bits, name=f"decoded_rank{v}")
-            same = [lane_valid[u] & (lane_bank[u] == lane_bank[v]) for u in range(v)]
+            # Contiguous: V consecutive words fall in V different banks (V <= banks).
+            same = [] if self.contiguous else [lane_valid[u] & (lane_bank[u] == lane_bank[v])
+                                               for u in range(v)]
             m.d.comb += rank.eq(sum_tree(same) if same else 0)
             ranks.append(Mux(lane_valid[v], rank, 0))
         # The largest rank as a thermometer code, registered, its number taken as the access is
@@ -394,10 +415,13 @@ class AddressGenerator(ConfiguredComponent):
         # The outputs are assigned, not connected, so that a subclass can override one
         # (tests/test_formal.py breaks a rank).
         m.d.comb += [self.current.eq(accesses.r_rdy), self.last_access.eq(head_access.last),
-                     self.lane_valid.eq(head_access.valid), self.lane_bank.eq(head_access.bank),
+                     self.lane_valid.eq(head_access.valid),
+                     self.lane_bank.eq(Cat(*[Const(v, len(self.lane_bank[v])) for v in range(V)])
+                                       if self.fixed_banks else head_access.bank),
                      self.lane_offset.eq(head_access.offset),
-                     self.last_step.eq(head_access.last_step),
-                     *[self.lane_rank[v].eq(head_access.rank[v]) for v in range(V)]]
+                     self.last_step.eq(0 if self.contiguous else head_access.last_step),
+                     *[self.lane_rank[v].eq(0 if self.contiguous else head_access.rank[v])
+                       for v in range(V)]]
         return m
 
 
@@ -464,11 +488,24 @@ class PMU(TieredComponent):
     ``error`` (sticky until reset) is set by a rejected descriptor (see
     :class:`AddressGenerator`) or a ``w.last`` that is not on the job's final access. A read
     and a write of the same word in the same cycle read the old word.
+
+    ``contiguous`` (not a parameter of the block: for ``expert_chiplet``, whose every access
+    is V consecutive words from a multiple of V, its jobs' bases and strides multiples of V)
+    reads every descriptor as ``lane_stride`` 1, ``pred_lo`` 0, ``pred_hi`` banks *
+    bank_depth, ``diagonal`` 0, ``bank_pos[i]`` = i and ``wait_other`` 0, whatever those fields
+    hold, and builds no bank-conflict logic: V consecutive words lie in V different banks, so
+    every access takes one cycle. With V = banks lane v always uses bank v, and no lane-to-bank
+    crossbar is built. Needs V <= banks; an access from a base that is not a multiple of V is
+    misuse (with V = banks its words go to the wrong banks).
     """
 
-    def __init__(self, config, *, tier=None):
+    def __init__(self, config, *, tier=None, contiguous=False):
         """``tier="top"`` builds the logic alone, the banks' ports as ``bottom__bank<b>__*``
         (the 3D build: :class:`ScratchpadBanks` on the memory tier)."""
+        if contiguous and config.lanes > config.banks:
+            raise ValueError(f"a contiguous PMU needs lanes <= banks, not {config.lanes} lanes "
+                             f"on {config.banks} banks")
+        self.contiguous = contiguous
         super().__init__(config, {
             "wjob": In(stream.Signature(job_layout(config))),
             "rjob": In(stream.Signature(job_layout(config))),
@@ -492,8 +529,8 @@ class PMU(TieredComponent):
         cfg = self.config
         V = cfg.lanes
         m = Module()
-        wag = m.submodules.write_agen = self.address_generator(cfg)
-        rag = m.submodules.read_agen = self.address_generator(cfg)
+        wag = m.submodules.write_agen = self.address_generator(cfg, contiguous=self.contiguous)
+        rag = m.submodules.read_agen = self.address_generator(cfg, contiguous=self.contiguous)
         wiring.connect(m, wiring.flipped(self.wjob), wag.job)
         wiring.connect(m, wiring.flipped(self.rjob), rag.job)
         m.d.comb += [wag.other_busy.eq(rag.busy), wag.other_done.eq(rag.done),
@@ -517,12 +554,15 @@ class PMU(TieredComponent):
             return reduce(operator.or_, [Mux(s, x, 0) for s, x in zip(selects, values)])
 
         # Write port: the beat is held while its lanes are written one rank per cycle.
-        w_step = Signal.like(wag.lane_rank[0], name="w_step")
+        # Contiguous: one step per access, so no step counter.
+        w_step = (Const(0, len(wag.lane_rank[0])) if self.contiguous
+                  else Signal.like(wag.lane_rank[0], name="w_step"))
         w_final = w_step == wag.last_step
         writing = wag.current & self.w.valid
         m.d.comb += [self.w.ready.eq(wag.current & w_final), wag.advance.eq(writing & w_final)]
         with m.If(writing):
-            m.d.sync += w_step.eq(Mux(w_final, 0, w_step + 1))
+            if not self.contiguous:
+                m.d.sync += w_step.eq(Mux(w_final, 0, w_step + 1))
             with m.If(~w_final):
                 m.d.sync += self.w_conflict_cycles.eq(self.w_conflict_cycles + 1)
             with m.If(w_final & (self.w.payload.last != wag.last_access)):
@@ -552,7 +592,8 @@ class PMU(TieredComponent):
         # Read port: issue one rank per cycle; the banks read at the next edge, the data is
         # there the edge after and is gathered.
         queue = OutputQueue(m, self.r, depth=READ_FIFO_DEPTH, name="read_fifo")
-        r_step = Signal.like(rag.lane_rank[0], name="r_step")
+        r_step = (Const(0, len(rag.lane_rank[0])) if self.contiguous
+                  else Signal.like(rag.lane_rank[0], name="r_step"))
         r_final = r_step == rag.last_step
         reading = Signal()              # the access issued last cycle is read from the banks
         pushing = Signal()              # the access read last cycle completes now
@@ -564,7 +605,8 @@ class PMU(TieredComponent):
         m.d.comb += [issuing.eq(rag.current & (credits != 0)),
                      rag.advance.eq(issuing & r_final)]
         with m.If(issuing):
-            m.d.sync += r_step.eq(Mux(r_final, 0, r_step + 1))
+            if not self.contiguous:
+                m.d.sync += r_step.eq(Mux(r_final, 0, r_step + 1))
             with m.If(~r_final):
                 m.d.sync += self.r_conflict_cycles.eq(self.r_conflict_cycles + 1)
         for bank, ports in enumerate(banks):
@@ -590,6 +632,9 @@ class PMU(TieredComponent):
         with m.If(reading):
             m.d.sync += [access_valid.eq(issued_valid), access_last.eq(issued_last)]
         bank_data = Array(ports.r_data for ports in banks)
+        if rag.fixed_banks:            # lane v reads bank v
+            bank_data = [ports.r_data for ports in banks]
+            served_bank = list(range(V))
         gathered = [Signal(cfg.elem_width, name=f"gathered{v}") for v in range(V)]
         merged = [Mux(served[v], bank_data[served_bank[v]], gathered[v]) for v in range(V)]
         for v in range(V):

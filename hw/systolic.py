@@ -23,7 +23,7 @@ from golden import systolic as golden
 from hw.fp import FpAccumulator
 from hw.fparith import fp_add
 from hw.params import ConfiguredComponent, choice_param, int_param, param_error, validate
-from hw.pipeline import OutputQueue, lanes_layout
+from hw.pipeline import OutputQueue, OutputRegister, lanes_layout
 from hw.registry import Block, register
 
 __all__ = ["os_grid", "SystolicConfig", "SystolicTileConfig", "OutputStationaryArray",
@@ -157,7 +157,8 @@ class _ArrayComponent(ConfiguredComponent):
         stream ``c`` (``cols`` lanes of ``acc_width``) and the sticky ``error`` flag.
     """
 
-    def __init__(self, config, inputs, scales=None):
+    def __init__(self, config, inputs, scales=None, always_ready=False):
+        self.always_ready = always_ready
         if is_float(config):
             members = {name: In(stream.Signature(float_layout(lanes, scales[name], config)))
                        for name, lanes in inputs.items()}
@@ -212,8 +213,12 @@ class _ArrayComponent(ConfiguredComponent):
                 for k in range(count)]
 
     def _output_stage(self, m):
-        """The output queue on ``c`` and the pipeline that moves while it has a free slot."""
-        queue = OutputQueue(m, self.c, overflow=self.queue_overflow, registered_space=True)
+        """The output queue on ``c`` and the pipeline that moves while it has a free slot; with
+        ``always_ready``, an output register and a pipeline that never stalls."""
+        if self.always_ready:
+            queue = OutputRegister(m, self.c, overflow=self.queue_overflow)
+        else:
+            queue = OutputQueue(m, self.c, overflow=self.queue_overflow, registered_space=True)
         return queue, queue.stall_pipe()
 
 
@@ -404,12 +409,18 @@ class SystolicTile(_ArrayComponent):
     and throughput are those of :class:`OutputStationaryArray`; the tree adds ``ceil(log2 n)``
     cycles of latency (first output ``K + C + 4 + ceil(log2 n)`` cycles after the first input;
     three fewer with floating-point PEs).
+
+    ``always_ready`` (not a parameter of the block: for a parent that ties ``c.ready`` high,
+    ``expert_chiplet``) builds an output register instead of the output queue
+    (:class:`hw.pipeline.OutputRegister`): the same cycles, ``c.ready`` unread, and no stall
+    enable on any register.
     """
 
-    def __init__(self, config):
+    def __init__(self, config, *, always_ready=False):
         super().__init__(config, {"a": config.arrays * config.rows,
                                   "b": config.arrays * config.cols},
-                         {"a": config.arrays * config.rows, "b": config.arrays})
+                         {"a": config.arrays * config.rows, "b": config.arrays},
+                         always_ready=always_ready)
 
     def elaborate(self, platform):
         cfg = self.config
