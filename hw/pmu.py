@@ -12,8 +12,8 @@ are served, at most one per bank, so lanes that share a bank are serialized, nev
 """
 
 import dataclasses
-import types
 import operator
+import types
 from functools import reduce
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
@@ -222,12 +222,12 @@ class AddressGenerator(ConfiguredComponent):
         capacity = cfg.banks * cfg.bank_depth
         # A contiguous generator reads these fields as constants, so none of the logic that
         # serves other values is built.
-        contiguous = types.SimpleNamespace(
+        contiguous_job = types.SimpleNamespace(
             pred_lo=Const(0), pred_hi=Const(capacity), diagonal=Const(0), row_shift=Const(0),
             bank_pos=[Const(i) for i in range(b)], lane_stride=Const(1), wait_other=Const(0))
 
         def fixed(descriptor):
-            return contiguous if self.contiguous else descriptor
+            return contiguous_job if self.contiguous else descriptor
 
         # A descriptor is checked as it is taken, and queued with the verdict (clock rate: the
         # checks were on the path from the queue's head into the loop's registers).
@@ -631,10 +631,10 @@ class PMU(TieredComponent):
             m.d.sync += [issued_valid.eq(rag.lane_valid), issued_last.eq(rag.last_access)]
         with m.If(reading):
             m.d.sync += [access_valid.eq(issued_valid), access_last.eq(issued_last)]
-        bank_data = Array(ports.r_data for ports in banks)
         if rag.fixed_banks:            # lane v reads bank v
-            bank_data = [ports.r_data for ports in banks]
-            served_bank = list(range(V))
+            bank_data, served_bank = [ports.r_data for ports in banks], list(range(V))
+        else:
+            bank_data = Array(ports.r_data for ports in banks)
         gathered = [Signal(cfg.elem_width, name=f"gathered{v}") for v in range(V)]
         merged = [Mux(served[v], bank_data[served_bank[v]], gathered[v]) for v in range(V)]
         for v in range(V):
