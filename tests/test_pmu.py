@@ -205,3 +205,145 @@ def test_thermometer_max_is_the_largest(count, bounded):
     sim.add_testbench(bench)
     sim.run()
     assert wrong == []
+
+
+# The contiguous build (hw.pmu.PMU(contiguous=True), expert_chiplet's scratchpad) against the
+# block, on the jobs it is built for. Lanes = banks (the fixed-bank build: lane v on bank v,
+# no crossbar; addresses past the capacity), fewer lanes than banks and not a power of two
+# (crossbar kept: any base), one lane, and one bank (no bank bits).
+CONTIGUOUS_CONFIGS = [
+    {"banks": 4, "bank_depth": 4, "elem_width": 5, "lanes": 4, "loops": 2, "addr_width": 5},
+    {"banks": 8, "bank_depth": 4, "elem_width": 6, "lanes": 6, "loops": 3, "addr_width": 5},
+    {"banks": 2, "bank_depth": 2, "elem_width": 3, "lanes": 1, "loops": 1, "addr_width": 3},
+    {"banks": 1, "bank_depth": 4, "elem_width": 4, "lanes": 1, "loops": 2, "addr_width": 2},
+]
+
+
+def _contiguous_jobs(rng, cfg, count, aligned):
+    """``count`` descriptors whose mapping fields are the contiguous build's constants: base
+    and strides multiples of V when ``aligned`` (else any base, V-multiple strides), bounds
+    1..3; with the number of accesses of each."""
+    from hw.pmu import job_layout
+    A, V, L = cfg.addr_width, cfg.lanes, cfg.loops
+    capacity = cfg.banks * cfg.bank_depth
+    bank_fields = max(1, cfg.bank_bits)
+    jobs = []
+    for _ in range(count):
+        bounds = [rng.randint(1, 3) for _ in range(L)]
+        strides = [V * rng.randint(-3, 3) for _ in range(L)]
+        strides = [max(-(1 << A), min((1 << A) - 1, s)) // V * V for s in strides]
+        base = rng.randrange(1 << A)
+        if aligned:
+            base -= base % V
+        descriptor = job_layout(cfg).const({
+            "base": base, "bounds": bounds, "strides": strides, "lane_stride": 1,
+            "pred_lo": 0, "pred_hi": capacity, "diagonal": 0,
+            "bank_pos": list(range(cfg.bank_bits)) + [0] * (bank_fields - cfg.bank_bits),
+            "row_shift": 0, "wait_other": 0})
+        accesses = 1
+        for bound in bounds:
+            accesses *= bound
+        jobs.append((descriptor, accesses))
+    return jobs
+
+
+@pytest.mark.parametrize("params", CONTIGUOUS_CONFIGS, ids=config_id)
+@pytest.mark.parametrize("traffic", ["random", "bursts"])
+def test_contiguous_build_is_the_block_cycle_for_cycle_on_contiguous_jobs(params, traffic):
+    """Both builds side by side, driven alike (valid gaps on wjob, rjob and w, ready stalls on
+    r, a reset mid-run, a wrong w.last now and then): every output equal in every cycle, and
+    no bank conflict counted. With V < banks any base is such a job; with V = banks only a
+    base that is a multiple of V (the misuse test below)."""
+    aligned = params["lanes"] == params["banks"]
+    mismatches, transfers, conflicts = _side_by_side(params, traffic, aligned)
+    assert mismatches[:3] == []
+    assert min(transfers.values()) > 20, transfers                 # real traffic on every port
+    assert conflicts == [0, 0]            # consecutive words: never two lanes on one bank
+
+
+def test_contiguous_build_with_lanes_equal_banks_differs_on_an_unaligned_base():
+    """The documented misuse: with V = banks lane v is wired to bank v, so V consecutive words
+    from a base that is not a multiple of V go to the wrong banks (the block reads them back
+    from the right ones)."""
+    mismatches, _, _ = _side_by_side(CONTIGUOUS_CONFIGS[0], "random", aligned=False)
+    assert mismatches
+
+
+def _side_by_side(params, traffic, aligned):
+    """The block and its contiguous build driven alike for 1,000 cycles; returns the cycles
+    whose outputs differ, the transfers on each port, and the block's largest conflict
+    counts (write, read)."""
+    from amaranth.hdl import Module, ResetInserter, Signal
+
+    from hw.pmu import PMU, write_layout
+    cfg = PMUConfig(**params)
+    rng = random.Random(f"{config_id(params)}{traffic}{aligned}")
+    cycles = 1000
+    m, reset = Module(), Signal()
+    general, contiguous = PMU(cfg), PMU(cfg, contiguous=True)
+    m.submodules.general = ResetInserter(reset)(general)
+    m.submodules.contiguous = ResetInserter(reset)(contiguous)
+    pmus = (general, contiguous)
+    gaps = {name: on_off_pattern(rng, traffic, cycles, 0.7) for name in ("wjob", "rjob", "w")}
+    ready = on_off_pattern(rng, traffic, cycles, 0.6)
+    resets = {cycles // 2}
+    outputs = ("w_busy", "r_busy", "error", "w_conflict_cycles", "r_conflict_cycles")
+    mismatches, transfers = [], {"wjob": 0, "rjob": 0, "w": 0, "r": 0}
+    conflicts = [0, 0]                    # the block's write and read conflict cycles, largest
+
+    def fresh_stimuli():
+        wjobs = _contiguous_jobs(rng, cfg, 40, aligned)
+        beats = []
+        for _, accesses in wjobs:
+            for index in range(accesses):
+                last = index == accesses - 1
+                beats.append(([rng.randrange(1 << cfg.elem_width) for _ in range(cfg.lanes)],
+                              last != (rng.random() < 0.01)))     # now and then misplaced
+        return ([d for d, _ in wjobs], [d for d, _ in _contiguous_jobs(rng, cfg, 40, aligned)],
+                beats)
+
+    async def bench(ctx):
+        wjobs, rjobs, beats = fresh_stimuli()
+        for cycle in range(cycles):
+            in_reset = cycle in resets
+            ctx.set(reset, in_reset)
+            for pmu in pmus:
+                ctx.set(pmu.wjob.valid, bool(wjobs) and gaps["wjob"][cycle])
+                ctx.set(pmu.rjob.valid, bool(rjobs) and gaps["rjob"][cycle])
+                ctx.set(pmu.w.valid, bool(beats) and gaps["w"][cycle])
+                if wjobs:
+                    ctx.set(pmu.wjob.payload, wjobs[0])
+                if rjobs:
+                    ctx.set(pmu.rjob.payload, rjobs[0])
+                if beats:
+                    ctx.set(pmu.w.payload, write_layout(cfg).const(
+                        {"data": beats[0][0], "last": beats[0][1]}))
+                ctx.set(pmu.r.ready, ready[cycle])
+            state = []
+            for pmu in pmus:
+                valid = ctx.get(pmu.r.valid)
+                state.append((ctx.get(pmu.wjob.ready), ctx.get(pmu.rjob.ready),
+                              ctx.get(pmu.w.ready), valid,
+                              ctx.get(pmu.r.payload.as_value()) if valid else None,
+                              *[ctx.get(getattr(pmu, name)) for name in outputs]))
+            if state[0] != state[1]:
+                mismatches.append((cycle, state))
+            conflicts[:] = [max(conflicts[0], state[0][-2]), max(conflicts[1], state[0][-1])]
+            wjob_ready, rjob_ready, w_ready, r_valid = state[0][:4]
+            if not in_reset:
+                if wjobs and gaps["wjob"][cycle] and wjob_ready:
+                    wjobs.pop(0)
+                    transfers["wjob"] += 1
+                if rjobs and gaps["rjob"][cycle] and rjob_ready:
+                    rjobs.pop(0)
+                    transfers["rjob"] += 1
+                if beats and gaps["w"][cycle] and w_ready:
+                    beats.pop(0)
+                    transfers["w"] += 1
+                transfers["r"] += r_valid and ready[cycle]
+            await ctx.tick()
+            if in_reset:
+                wjobs, rjobs, beats = fresh_stimuli()
+
+    run_amaranth(m, bench)
+    return mismatches, transfers, conflicts
