@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import subprocess
 import sys
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import vcdvcd
 
-from conftest import SIMULATORS, config_id, run_block
+from conftest import SIMULATORS, config_id, on_off_pattern, run_amaranth, run_block
 from golden import fixed
 from golden import systolic as golden
 from flows.verilog import built_for_ports, generate
@@ -262,3 +263,79 @@ def test_cli_sim_waves_writes_a_trace(simulator):
     valid = trace["systolic.c__valid"]
     rises = sum(1 for (_, a), (_, b) in zip(valid.tv, valid.tv[1:]) if a == "0" and b == "1")
     assert rises >= 1
+
+
+# The tile's build for a parent that always takes its output (SystolicTile(always_ready=True),
+# expert_chiplet's) against the block with c.ready held high: integer tiles with an odd adder
+# tree and the product's register alone, the 1x1 corner without PE registers, and an FP8 tile
+# (the floating-point PEs' shorter pipeline; small: Amaranth's simulator runs these tests).
+ALWAYS_READY_CONFIGS = [
+    {"rows": 3, "cols": 2, "arrays": 3, "in_width": 4, "acc_width": 9, "pe_stages": 1},
+    {"rows": 1, "cols": 1, "arrays": 1, "in_width": 2, "acc_width": 4, "pe_stages": 0},
+    {"rows": 1, "cols": 1, "arrays": 2, "dtype": "fp8_e4m3", "acc_frac": 4, "promote_every": 1,
+     "scale_format": "e8m0"},
+]
+
+
+def _always_ready_cases():
+    """Every configuration under random and long-burst gaps; the FP8 tile's bursts in `make
+    sweep` (about 30 s in Amaranth's simulator; its random gaps stay in `make test`)."""
+    for params in ALWAYS_READY_CONFIGS:
+        for traffic in ("random", "bursts"):
+            slow = params.get("dtype", "int") != "int" and traffic == "bursts"
+            yield pytest.param(params, traffic, id=f"{traffic}-{config_id(params)}",
+                               marks=[pytest.mark.sweep] if slow else [])
+
+
+@pytest.mark.parametrize("params, traffic", list(_always_ready_cases()))
+def test_always_ready_tile_is_the_block_cycle_for_cycle_when_c_is_always_taken(params, traffic):
+    """Both builds side by side, c.ready high, driven alike (random payloads, valid gaps on a
+    and b, mismatched ``last`` flags now and then, a reset mid-run): a.ready, b.ready,
+    c.valid, c's payload while valid and ``error`` equal in every cycle."""
+    from amaranth.hdl import Module, ResetInserter, Signal
+
+    from hw.systolic import SystolicTile
+    cfg = SystolicTileConfig(**params)
+    rng = random.Random(f"{config_id(params)}{traffic}")
+    cycles = 600
+    m, reset = Module(), Signal()
+    block, register = SystolicTile(cfg), SystolicTile(cfg, always_ready=True)
+    m.submodules.block = ResetInserter(reset)(block)
+    m.submodules.register = ResetInserter(reset)(register)
+    tiles = (block, register)
+    gaps = {name: on_off_pattern(rng, traffic, cycles, 0.8) for name in ("a", "b")}
+    mismatches, rows = [], 0
+
+    def beat(name):
+        """Random payload bits for port ``name``; ``last`` on about one beat in four."""
+        layout = getattr(block, name).payload.shape()
+        value = rng.getrandbits(layout.size)
+        offset = dict((field, member.offset) for field, member in layout)["last"]
+        value &= ~(1 << offset)
+        return value | ((rng.random() < 0.25) << offset)
+
+    async def bench(ctx):
+        for cycle in range(cycles):
+            ctx.set(reset, cycle == cycles // 2)
+            payloads = {name: beat(name) for name in ("a", "b")}
+            for tile in tiles:
+                for name in ("a", "b"):
+                    port = getattr(tile, name)
+                    ctx.set(port.valid, gaps[name][cycle])
+                    ctx.set(port.payload.as_value(), payloads[name])
+                ctx.set(tile.c.ready, 1)
+            state = []
+            for tile in tiles:
+                valid = ctx.get(tile.c.valid)
+                state.append((ctx.get(tile.a.ready), ctx.get(tile.b.ready), valid,
+                              ctx.get(tile.c.payload.as_value()) if valid else None,
+                              ctx.get(tile.error)))
+            if state[0] != state[1]:
+                mismatches.append((cycle, state))
+            nonlocal rows
+            rows += state[0][2]
+            await ctx.tick()
+
+    run_amaranth(m, bench)
+    assert mismatches[:3] == []
+    assert rows > 30                                  # rows came out of both
