@@ -53,6 +53,17 @@ def on_off_pattern(rng, kind, length, high=0.6):
     return out[:length]
 
 
+def side_by_side(**components):
+    """A module holding ``components`` (submodule name -> component) under one shared reset:
+    a block and another build of it, driven alike by a test that compares them cycle by
+    cycle. Returns ``(module, reset)``."""
+    from amaranth.hdl import Module, ResetInserter, Signal
+    m, reset = Module(), Signal()
+    for name, component in components.items():
+        m.submodules[name] = ResetInserter(reset)(component)
+    return m, reset
+
+
 def run_amaranth(top, testbench):
     """Run ``testbench`` (an async function of the context) on ``top`` in Amaranth's own
     simulator, with a clock: the unit tests of hw.pipeline's small components."""

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from conftest import (SIMULATORS, config_id, on_off_pattern, run_amaranth, run_block,
-                      two_d_params)
+                      side_by_side, two_d_params)
 from golden import pmu as golden
 from hw.params import ParamError
 from hw.pmu import PMUConfig
@@ -273,17 +273,12 @@ def _side_by_side(params, traffic, aligned):
     """The block and its contiguous build driven alike for 1,000 cycles; returns the cycles
     whose outputs differ, the transfers on each port, and the block's largest conflict
     counts (write, read)."""
-    from amaranth.hdl import Module, ResetInserter, Signal
-
     from hw.pmu import PMU, write_layout
     cfg = PMUConfig(**params)
     rng = random.Random(f"{config_id(params)}{traffic}{aligned}")
     cycles = 1000
-    m, reset = Module(), Signal()
-    general, contiguous = PMU(cfg), PMU(cfg, contiguous=True)
-    m.submodules.general = ResetInserter(reset)(general)
-    m.submodules.contiguous = ResetInserter(reset)(contiguous)
-    pmus = (general, contiguous)
+    pmus = general, contiguous = PMU(cfg), PMU(cfg, contiguous=True)
+    m, reset = side_by_side(general=general, contiguous=contiguous)
     gaps = {name: on_off_pattern(rng, traffic, cycles, 0.7) for name in ("wjob", "rjob", "w")}
     ready = on_off_pattern(rng, traffic, cycles, 0.6)
     resets = {cycles // 2}

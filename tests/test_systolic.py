@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import vcdvcd
 
-from conftest import SIMULATORS, config_id, on_off_pattern, run_amaranth, run_block
+from conftest import (SIMULATORS, config_id, on_off_pattern, run_amaranth, run_block,
+                      side_by_side)
 from golden import fixed
 from golden import systolic as golden
 from flows.verilog import built_for_ports, generate
@@ -292,17 +293,12 @@ def test_always_ready_tile_is_the_block_cycle_for_cycle_when_c_is_always_taken(p
     """Both builds side by side, c.ready high, driven alike (random payloads, valid gaps on a
     and b, mismatched ``last`` flags now and then, a reset mid-run): a.ready, b.ready,
     c.valid, c's payload while valid and ``error`` equal in every cycle."""
-    from amaranth.hdl import Module, ResetInserter, Signal
-
     from hw.systolic import SystolicTile
     cfg = SystolicTileConfig(**params)
     rng = random.Random(f"{config_id(params)}{traffic}")
     cycles = 600
-    m, reset = Module(), Signal()
-    block, register = SystolicTile(cfg), SystolicTile(cfg, always_ready=True)
-    m.submodules.block = ResetInserter(reset)(block)
-    m.submodules.register = ResetInserter(reset)(register)
-    tiles = (block, register)
+    tiles = block, register = SystolicTile(cfg), SystolicTile(cfg, always_ready=True)
+    m, reset = side_by_side(block=block, register=register)
     gaps = {name: on_off_pattern(rng, traffic, cycles, 0.8) for name in ("a", "b")}
     mismatches, rows = [], 0
 
