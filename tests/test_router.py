@@ -79,7 +79,7 @@ def test_config_rejects_bad_values(kwargs, message):
 
 
 # The largest parallel router: its Verilator build alone takes about 8 minutes on 2 cores. Paper
-# scale, serial: 128 experts, top 8, no group limit (DeepSeek-V3's is in SIM_CONFIGS).
+# scale, serial: 128 experts, top 8, no group limit.
 # Paper scale, serial: DeepSeek-V3's routing (256 experts, top 8 within at most 4 of 8
 # groups), 32 scores a beat (moved here for make test's time budget, 2026-11-30: about 65 s
 # of it; make test's serial configurations scan 4 and 3 lanes a beat, scan-bound and
