@@ -1,5 +1,6 @@
 """PMU: golden model, config validation, manifest, and cocotb on both simulators."""
 
+import dataclasses
 import random
 
 import pytest
@@ -220,30 +221,23 @@ CONTIGUOUS_CONFIGS = [
 
 
 def _contiguous_jobs(rng, cfg, count, aligned):
-    """``count`` descriptors whose mapping fields are the contiguous build's constants: base
-    and strides multiples of V when ``aligned`` (else any base, V-multiple strides), bounds
-    1..3; with the number of accesses of each."""
+    """``count`` descriptors (golden.make_job) whose mapping fields are the contiguous build's
+    constants: base and strides multiples of V when ``aligned`` (else any base, V-multiple
+    strides), bounds 1..3; with the number of accesses of each."""
     from hw.pmu import job_layout
+    params = dataclasses.asdict(cfg)
     A, V, L = cfg.addr_width, cfg.lanes, cfg.loops
     assert 3 * V < 1 << A
-    capacity = cfg.banks * cfg.bank_depth
     bank_fields = max(1, cfg.bank_bits)
     jobs = []
     for _ in range(count):
-        bounds = [rng.randint(1, 3) for _ in range(L)]
-        strides = [V * rng.randint(-3, 3) for _ in range(L)]      # |stride| <= 3V < 2**A
         base = rng.randrange(1 << A)
-        if aligned:
-            base -= base % V
-        descriptor = job_layout(cfg).const({
-            "base": base, "bounds": bounds, "strides": strides, "lane_stride": 1,
-            "pred_lo": 0, "pred_hi": capacity, "diagonal": 0,
-            "bank_pos": list(range(cfg.bank_bits)) + [0] * (bank_fields - cfg.bank_bits),
-            "row_shift": 0, "wait_other": 0})
-        accesses = 1
-        for bound in bounds:
-            accesses *= bound
-        jobs.append((descriptor, accesses))
+        job = golden.make_job(params, base=base - base % V if aligned else base,
+                              bounds=[rng.randint(1, 3) for _ in range(L)],
+                              strides=[V * rng.randint(-3, 3) for _ in range(L)],  # < 2**A
+                              pred_hi=cfg.banks * cfg.bank_depth, row_shift=0)
+        job["bank_pos"] = (job["bank_pos"] + [0] * bank_fields)[:bank_fields]
+        jobs.append((job_layout(cfg).const(job), len(golden.access_addresses(job, params))))
     return jobs
 
 
