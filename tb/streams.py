@@ -26,7 +26,7 @@ __all__ = ["CLOCK_PERIOD_NS", "STALL_PROFILES", "LONG_BURSTS", "ProtocolError", 
            "StreamSource",
            "StreamMonitor", "StreamSink", "StreamBench", "PipeBench", "JobBench",
            "InOrderScoreboard", "beats_per_cycle",
-           "stream_layout", "Worker",
+           "stream_layout", "Worker", "EdgeWorker",
            "wait_for"]
 
 CLOCK_PERIOD_NS = 10
@@ -172,24 +172,76 @@ async def start_after_reset(dut, bench):
     bench.start()
 
 
+# The stream ends read their handles' bit strings from the simulator object (cocotb's
+# ``_handle``, cocotb 2.1 pinned) rather than through ``handle.value``, which builds a Logic or
+# LogicArray object per read: every port is read at every edge, and those objects were the
+# largest single cost of a Verilator run's Python.
 def _read_bits(handle):
-    # to_unsigned() raises on X/Z: an undriven payload must fail loudly, never read as 0.
-    return handle.value.to_unsigned()
+    # int(binstr, 2) raises ValueError on X/Z: an undriven payload fails loudly, never reads 0.
+    return int(handle._handle.get_signal_val_binstr(), 2)
 
 
 def _read_bit(handle):
     """A 1-bit handle's value as 0 or 1; X or Z raises ValueError (never read as 0)."""
-    value = handle.value
-    if hasattr(value, "to_unsigned"):
-        return value.to_unsigned()
-    if not value.is_resolvable:
-        raise ValueError(f"{handle._name} is {value}")
-    return int(value)
+    bit = handle._handle.get_signal_val_binstr()
+    if bit == "1":
+        return 1
+    if bit == "0":
+        return 0
+    raise ValueError(f"{handle._name} is {bit}")
 
 
 class ProtocolError(AssertionError):
     """An output stream broke the stream rules (a valid dropped or a payload changed before its
     transfer, or X/Z on a handshake after reset)."""
+
+
+class _EdgeTicker:
+    """One coroutine per clock that calls ``_on_edge()`` of every started :class:`EdgeWorker`
+    at each rising edge, in the order they were started. A coroutine per port costs cocotb's
+    task scheduling per port per cycle (resume, trigger registration, event loop), which was
+    most of what a bench spends beside its own checks; stepping the ports from one coroutine
+    pays it once a cycle. A port is stepped at the edges its own coroutine would have seen:
+    from the edge after its start, until its stop."""
+
+    _tickers = {}
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.workers = []
+        self.task = None
+
+    @classmethod
+    def of(cls, clock):
+        ticker = cls._tickers.get(id(clock))
+        if ticker is None or ticker.clock is not clock:
+            ticker = cls._tickers[id(clock)] = cls(clock)
+        return ticker
+
+    def add(self, worker):
+        if self.task is None or self.task.done():
+            # (A task left from an earlier test, ended by cocotb with it, took its ports along.)
+            self.workers = []
+            self.task = cocotb.start_soon(self._run())
+        self.workers.append(worker)
+
+    def remove(self, worker):
+        if worker in self.workers:
+            self.workers.remove(worker)
+        if not self.workers and self.task is not None:
+            self.task.cancel()
+            self.task = None
+
+    async def _run(self):
+        edge = RisingEdge(self.clock)
+        while True:
+            await edge
+            now = get_sim_time(unit="step")
+            for worker in tuple(self.workers):
+                # Not one stopped by a port stepped before it, nor one started at this edge
+                # (by code that ran before this coroutine): its first edge is the next one.
+                if worker._ticking and worker._started != now:
+                    worker._on_edge()
 
 
 class Worker:
@@ -211,8 +263,33 @@ class Worker:
         raise NotImplementedError
 
 
-class _StreamEnd(Worker):
-    """One end of a stream port: its three handles and the task that works them."""
+class EdgeWorker(Worker):
+    """A worker that does one synchronous step per rising edge (``_on_edge``), after
+    ``_on_start`` at its start; all of a clock's are stepped from one coroutine
+    (:class:`_EdgeTicker`)."""
+
+    _ticking = False
+
+    def start(self):
+        self._on_start()
+        self._ticking = True
+        self._started = get_sim_time(unit="step")
+        _EdgeTicker.of(self._clk).add(self)
+
+    def stop(self):
+        if self._ticking:
+            self._ticking = False
+            _EdgeTicker.of(self._clk).remove(self)
+
+    def _on_start(self):
+        pass
+
+    def _on_edge(self):
+        raise NotImplementedError
+
+
+class _StreamEnd(EdgeWorker):
+    """One end of a stream port: its three handles, stepped at every edge."""
 
     def __init__(self, dut, name, layout, rng):
         self.name = name
@@ -261,6 +338,7 @@ class StreamSource(_StreamEnd):
 
     def __init__(self, dut, name, layout, rng, gap_probability=0.0):
         super().__init__(dut, name, layout, rng)
+        self._valid_driven = None
         self._gaps = pauses(gap_probability, rng)
         self._in_reset = False
         self._queue = collections.deque()
@@ -269,7 +347,7 @@ class StreamSource(_StreamEnd):
         self._payload.value = 0
 
     def send(self, payload, not_before=0):
-        """Queue one beat; ``payload`` is a dict for the layout (e.g. ``{"data": [...], "last": 1}``).
+        """Queue one beat; ``payload`` is a dict for the layout (``{"data": [...], "last": 1}``).
 
         ``not_before``: the beat is not offered before this edge (a memory model's arrival time).
         """
@@ -292,12 +370,20 @@ class StreamSource(_StreamEnd):
         # so reading it back would show the old value.
         self._queue.clear()
         self._driving = False
-        self._valid.value = 0
+        self._drive_valid(0, force=True)
 
-    async def _run(self):
-        while True:
-            await RisingEdge(self._clk)
-            self._step()
+    def _drive_valid(self, value, force=False):
+        # Written when it changes (or when asked), not at every edge: a write is a scheduled
+        # simulator call, and the ports are driven at every edge.
+        if force or value != self._valid_driven:
+            self._valid.value = value
+            self._valid_driven = value
+
+    def _on_start(self):
+        self._drive_valid(int(self._driving), force=True)
+
+    def _on_edge(self):
+        self._step()
 
     def _step(self):
         """One edge: what the port did at it, and what it drives until the next."""
@@ -319,7 +405,7 @@ class StreamSource(_StreamEnd):
         if self._queue and edge_now() >= self._queue[0][1] and not self._gaps.next():
             self._payload.value = self._queue[0][0]
             self._driving = True
-        self._valid.value = int(self._driving)
+        self._drive_valid(int(self._driving))
 
 
 class StreamMonitor(_StreamEnd):
@@ -378,10 +464,8 @@ class StreamMonitor(_StreamEnd):
             raise ProtocolError(f"{self.name}: valid fell before the transfer (edge "
                                 f"{edge_now()})")
 
-    async def _run(self):
-        while True:
-            await RisingEdge(self._clk)
-            self._observe()
+    def _on_edge(self):
+        self._observe()
 
 
 class StreamSink(StreamMonitor):
@@ -397,28 +481,36 @@ class StreamSink(StreamMonitor):
 
     def __init__(self, dut, name, layout, rng, stall_probability=0.0):
         super().__init__(dut, name, layout, rng)
+        self._ready_driven = None
         self._stalls = pauses(stall_probability, rng)
         self._go_idle()
 
     def _go_idle(self):
         super()._go_idle()
         self._accepting = False
-        self._ready.value = 0
+        self._drive_ready(force=True)
 
     def _ready_at_edge(self):
         # What we drove before the edge (reading the handle back would race the write).
         return self._accepting
 
+    def _drive_ready(self, force=False):
+        # Written when it changes (or when asked), as a source's valid.
+        if force or self._accepting != self._ready_driven:
+            self._ready.value = int(self._accepting)
+            self._ready_driven = self._accepting
+
     def _choose_ready(self):
         self._accepting = not self._stalls.next()
-        self._ready.value = int(self._accepting)
+        self._drive_ready()
 
-    async def _run(self):
+    def _on_start(self):
         self._choose_ready()
-        while True:
-            await RisingEdge(self._clk)
-            self._observe()
-            self._choose_ready()
+        self._drive_ready(force=True)
+
+    def _on_edge(self):
+        self._observe()
+        self._choose_ready()
 
 
 def stream_layout(component, name):

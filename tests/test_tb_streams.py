@@ -24,8 +24,17 @@ class _Value:
 
 
 class _Handle:
+    """A cocotb handle as the stream ends read it: ``_handle.get_signal_val_binstr()``."""
+
     def __init__(self, name):
         self._name, self.value = name, _Value(0)
+
+    @property
+    def _handle(self):
+        return self
+
+    def get_signal_val_binstr(self):
+        return "x" if self.value.bits is None else format(self.value.bits, "b")
 
 
 class _Dut:
