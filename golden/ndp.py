@@ -159,7 +159,7 @@ def activation_lut(name, x_width, in_frac_bits, out_frac_bits):
 
 def _row_beats(row, mults, pad):
     """One row as beats of ``mults`` lanes; lanes past the end take values from ``pad()``."""
-    row = [int(v) for v in row]
+    row = row.tolist() if isinstance(row, np.ndarray) else [int(v) for v in row]
     beats = []
     for start in range(0, len(row), mults):
         chunk = row[start:start + mults]
@@ -353,6 +353,7 @@ def system_timeline(commands, dimms, out_depth, mults):
     """
     latency = result_latency(mults)
     outputs = [[] for _ in range(dimms)]       # per DIMM, its output pairs' edges
+    released = [0] * dimms                     # per DIMM, its outputs joined before now
     joins, command_edges, beat_edges = [], [], [[] for _ in range(dimms)]
     cycle = 0
     for rows, cols, load_x, tokens in commands:
@@ -370,8 +371,14 @@ def system_timeline(commands, dimms, out_depth, mults):
                     continue
                 _, output, beat, _ = sequences[d][position[d]]
                 if output:
-                    held = sum(1 for k, t in enumerate(outputs[d])
-                               if t < now and (k >= len(joins) or now <= joins[k]))
+                    # Joins rise, so the outputs joined before now are a prefix, free for
+                    # good: counted past, the count stays linear in the run's length.
+                    first = released[d]
+                    while first < min(len(joins), len(outputs[d])) and joins[first] < now:
+                        first += 1
+                    released[d] = first
+                    held = sum(1 for k in range(first, len(outputs[d]))
+                               if outputs[d][k] < now and (k >= len(joins) or now <= joins[k]))
                     if held >= out_depth:
                         continue
                     outputs[d].append(now)

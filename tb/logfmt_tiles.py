@@ -12,7 +12,7 @@ import numpy as np
 from golden import fp
 from golden import logfmt as golden
 
-__all__ = ["KINDS", "EDGE_KINDS", "random_tile", "divider_gap", "divider_edge_tile",
+__all__ = ["KINDS", "EDGE_KINDS", "random_tile", "divider_gap", "divider_gaps", "divider_edge_tile",
            "rounding_edges", "rounding_edge_tile"]
 
 BF16_INF, BF16_NAN = 0x7F80, 0x7FC0
@@ -55,22 +55,60 @@ def divider_gap(step, comparator=0, comparators=1, below=True):
     return min((gap for gap in gaps if gap > 0 or (gap == 0 and not below)), default=None)
 
 
+def divider_gaps(steps, comparator=0, comparators=1, below=True):
+    """``divider_gap`` of every step of the int64 array ``steps`` (each > 0) at once: the gap,
+    or -1 where none falls on that side. (The edge-tile search below tries thousands of steps
+    for each tile; one by one in Python that was most of the encoder bench's time.)"""
+    steps = np.asarray(steps, dtype=np.int64)
+    lengths = np.frexp(steps.astype(np.float64))[1]        # bit lengths (exact below 2**53)
+    divisor = steps << (24 - lengths)
+    sign = 1 if below else -1
+    best = np.full(steps.shape, np.iinfo(np.int64).max)
+    wanted = set(_edge_bits(comparator, comparators, below))
+    residue = np.full(steps.shape, 1 << 22) % divisor             # 2**(22 + j) mod N, j = 0
+    for j in range(golden.RECIP_BITS):
+        if j in wanted:
+            gap = sign * (divisor - 2 * residue)
+            on_side = (gap > 0) | ((gap == 0) & (not below))
+            best = np.where(on_side, np.minimum(best, gap), best)
+        residue = (2 * residue) % divisor
+    return np.where(best == np.iinfo(np.int64).max, -1, best)
+
+
+@functools.cache
+def _bf16_logs():
+    """log2 (Q16) of every BF16 code of a positive finite number, 0x0001..0x7F7F (index)."""
+    return np.array([golden.bf16_log2(code)[2] for code in range(0x7F80)], dtype=np.int64)
+
+
 def divider_edge_tile(rng, size, bits, comparator=0, comparators=1, below=True):
     """A tile whose step's reciprocal meets a comparison within DIVIDER_EDGE of equality on the
     side ``below`` says (``divider_gap``): its smallest and largest magnitudes once, the rest
     between, random signs; None if the comparator has no bit on that side, or 20,000 random
-    ranges give no such step (bit 0 is at N exactly only for a step that is a power of two)."""
+    ranges give no such step (bit 0 is at N exactly only for a step that is a power of two).
+    The 20,000 ranges are drawn and tried at once; the first that qualifies is taken."""
     if not _edge_bits(comparator, comparators, below):
         return None
-    for _ in range(20000):
-        low = rng.randrange(0x0080, 0x7E00)
-        high = rng.randrange(low + 1, min(low + 0x80 * golden.RANGE_BINADES, 0x7F80))
-        step = golden.tile_params([low, high], bits).step
-        gap = divider_gap(step, comparator, comparators, below) if step else None
-        if gap is not None and gap < DIVIDER_EDGE:
-            break
-    else:
+    draws = np.random.default_rng(rng.getrandbits(64))
+    low = draws.integers(0x0080, 0x7E00, 20000)
+    high_end = np.minimum(low + 0x80 * golden.RANGE_BINADES, 0x7F80)
+    high = low + 1 + (draws.random(20000) * (high_end - low - 1)).astype(np.int64)
+    logs = _bf16_logs()
+    hi = np.maximum(logs[low], logs[high])
+    lo = np.maximum(np.minimum(logs[low], logs[high]),
+                    hi - golden.RANGE_BINADES * (1 << golden.LOG_FRAC))
+    steps = ((hi - lo) << (golden.STEP_FRAC - golden.LOG_FRAC)) // ((1 << (bits - 1)) - 2)
+    gaps = np.full(steps.shape, -1)
+    positive = steps > 0
+    gaps[positive] = divider_gaps(steps[positive], comparator, comparators, below)
+    found = np.flatnonzero((gaps >= 0) & (gaps < DIVIDER_EDGE))
+    if not found.size:
         return None
+    first = found[0]
+    low, high = int(low[first]), int(high[first])
+    # The arrays' arithmetic agrees with the golden's for the pair taken (checked each time).
+    step = golden.tile_params([low, high], bits).step
+    assert step == steps[first] and divider_gap(step, comparator, comparators, below) == gaps[first]
     tile = [high, low] + [rng.randrange(low, high + 1) for _ in range(size - 2)]
     tile = [value | rng.choice([0, 0x8000]) for value in tile[:size]]
     rng.shuffle(tile)

@@ -32,8 +32,9 @@ class NdpBenchBase(StreamBench):
     # --- stimulus --------------------------------------------------------------------------
     def weights(self, rows, cols):
         low, high = fixed.signed_limits(self.cfg.w_width)
-        return np.array([[self.rng.randint(low, high) for _ in range(cols)] for _ in range(rows)],
-                        dtype=np.int64)
+        # NumPy draws, seeded from the bench's generator: a 256-column expert is 10^5 values.
+        draws = np.random.default_rng(self.rng.getrandbits(64))
+        return draws.integers(low, high, size=(rows, cols), endpoint=True, dtype=np.int64)
 
     def expert(self, inter, hidden):
         """Random Wg, Wu (inter x hidden) and Wd (hidden x inter)."""
@@ -46,7 +47,14 @@ class NdpBenchBase(StreamBench):
     def pad(self, width):
         """Random values for the lanes past a row's end (they must be ignored)."""
         low, high = fixed.signed_limits(width)
-        return lambda: self.rng.randint(low, high)
+        draws = np.random.default_rng(self.rng.getrandbits(64))
+        buffer = []
+
+        def value():               # drawn 4,096 at a time: the 64-lane beats pad a lot
+            if not buffer:
+                buffer.extend(draws.integers(low, high, 4096, endpoint=True).tolist())
+            return buffer.pop()
+        return value
 
     def shifts(self, hidden):
         """Shifts that keep g and u mostly inside the x range (some saturate)."""

@@ -217,10 +217,11 @@ def _products_by_top(fmt, rng, operands=400):
     if len(codes) > operands:
         codes = sorted({codes[0], codes[-1], *rng.sample(codes, operands - 2)})
     significand = {c: golden.components(c, fmt)[2] for c in codes}
+    value = {c: golden.decode(c, fmt) for c in codes}      # decoded once, not per pair
     by_top = {}
     for a in codes:
         for b in codes:
-            top = math.frexp(golden.decode(a, fmt) * golden.decode(b, fmt))[1] - 1
+            top = math.frexp(value[a] * value[b])[1] - 1
             lead = (significand[a] * significand[b]).bit_length() - 1
             by_top.setdefault((top, lead), []).append((a, b))
     powers = {}

@@ -199,9 +199,17 @@ def test_random_tiles_are_reproducible():
 
 def test_divider_edges_are_found_by_a_long_division():
     """``divider_gap`` against the restoring division written out: floor(2**48 / N) one
-    quotient bit at a time, the doubled remainder compared with N."""
-    from tb.logfmt_tiles import divider_gap
+    quotient bit at a time, the doubled remainder compared with N; ``divider_gaps`` (the
+    edge-tile search's, on arrays) against ``divider_gap``."""
+    from tb.logfmt_tiles import divider_gap, divider_gaps
     rng = random.Random(3)
+    steps = [rng.randrange(1, 1 << 23) for _ in range(200)] + [1, 2, 1 << 22, (1 << 23) - 1]
+    for comparators in (1, 2, 5, 26):
+        for comparator in range(comparators):
+            for below in (True, False):
+                gaps = divider_gaps(steps, comparator, comparators, below)
+                assert [None if g < 0 else int(g) for g in gaps] == [
+                    divider_gap(step, comparator, comparators, below) for step in steps]
     for _ in range(200):
         step = rng.randrange(1, 1 << 23)
         divisor = step << (24 - step.bit_length())
