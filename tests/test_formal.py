@@ -265,7 +265,8 @@ def test_every_block_keeps_its_rules_and_transfers_on_every_output(name, params,
                               invariants)
     assert checked["status"] == "PASS", checked["log"][-2000:]
     covered = prove_component(component, tmp_path / "cover", "cover",
-                              SMALL_COVER_DEPTHS.get(name, SMALL_COVER_DEPTH), 300, invariants)
+                              SMALL_COVER_DEPTHS.get(name, SMALL_COVER_DEPTH), 300, invariants,
+                              vcd=False)
     assert covered["status"] == "PASS", covered["log"][-2000:]
     outputs = [label for label, flow, _ in stream_members(component) if flow == wiring.Out]
     assert covered["log"].count("Reached cover statement") == len(outputs) > 0
