@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import SIMULATORS, config_id, run_block
+from conftest import SIMULATORS, config_id, run_block, sweep_params
 from golden import spiking as golden
 from hw.params import ParamError
 from hw.spiking import LifConfig
@@ -15,6 +15,9 @@ SIM_CONFIGS = [
     {"neurons": 1, "x_width": 2, "v_width": 2},           # the smallest neuron
     {"neurons": 37, "x_width": 16, "v_width": 24},        # odd N, 24-bit V
 ]
+# The smallest neuron in `make sweep` only (make test's time budget, 2026-11-30; with every
+# other range end in tests/test_ranges.py): the 3-neuron one saturates at every step too.
+LIF_SWEEP = (2,)
 
 
 def test_order_leak_integrate_compare_reset():
@@ -45,7 +48,7 @@ def test_config_rejects_bad_values(kwargs, message):
 
 
 @pytest.mark.parametrize("simulator", SIMULATORS)
-@pytest.mark.parametrize("params", SIM_CONFIGS, ids=[config_id(p) for p in SIM_CONFIGS])
+@pytest.mark.parametrize("params", sweep_params(SIM_CONFIGS, LIF_SWEEP))
 def test_cocotb(params, simulator):
     assert run_block("lif", params, simulator).tests == COCOTB_TESTS
 
