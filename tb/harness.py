@@ -14,10 +14,18 @@ import cocotb
 from hw.registry import get_block
 
 __all__ = ["dut_manifest", "load_dut_config", "make_rng", "start_bench", "restart_bench",
-           "write_throughput", "THROUGHPUT_FILE", "throughput_beats"]
+           "write_throughput", "THROUGHPUT_FILE", "throughput_beats", "measuring"]
 
 # Written by each block's test_throughput in its run folder; read by flows/bench.py.
 THROUGHPUT_FILE = "throughput.json"
+
+
+def measuring():
+    """Whether the run measures (``flows.sim.run_tests(measure=True)``: `make bench`, the demo,
+    sweeps; the plusarg ``+moegen_measure=1``) rather than `make test` checking: a test that
+    times the design then runs its long form, and the figures that only the measurements
+    report."""
+    return bool(cocotb.plusargs.get("moegen_measure"))
 
 
 def throughput_beats():
@@ -26,7 +34,7 @@ def throughput_beats():
     demo, sweeps), long enough to time; 500 when `make test` checks the cycle model, still
     hundreds of transfers past pipelines tens of stages deep, counted to the cycle (it runs on
     Icarus in every configuration, where 2,000 took a sixth of make test's time budget)."""
-    return 10_000 if cocotb.plusargs.get("moegen_measure") else 500
+    return 10_000 if measuring() else 500
 
 
 def dut_manifest():

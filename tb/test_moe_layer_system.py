@@ -19,7 +19,7 @@ from golden.dram import Ddr4Stream
 from golden.fixed import signed_limits
 from tb.fp8 import (UNIT_SCALES, largest_code, random_code, random_scale, random_scales,
                      random_token)
-from tb.harness import load_dut_config, start_bench, write_throughput
+from tb.harness import load_dut_config, measuring, start_bench, write_throughput
 from tb.streams import (STALL_PROFILES, HeldPauses, StreamBench, edge_now, pause_fraction,
                         wait_for)
 
@@ -765,15 +765,17 @@ async def test_misuse(dut):
 
 @cocotb.test()
 async def test_throughput(dut):
-    """A balanced 64-token batch (fewer if 2**token_width is) with co-activation structure
-    (``golden.moe_layer.community_workload``), every port ready, weights resident, under
-    round-robin and clustered placement: y bit-exact; tokens per cycle and cycles against the
-    busiest chiplet's MAC bound; r and the flits on every tree link, measured at the RTL's taps
-    and equal to the golden routing's chiplet counts. Written for `make bench` and the demo."""
+    """A balanced 64-token batch (fewer if 2**token_width is; 32 in `make test`, which checks
+    rather than measures) with co-activation structure (``golden.moe_layer.community_workload``),
+    every port ready, weights resident, under round-robin and clustered placement: y bit-exact;
+    tokens per cycle and cycles against the busiest chiplet's MAC bound; r and the flits on
+    every tree link, measured at the RTL's taps and equal to the golden routing's chiplet
+    counts; then the weights streamed, first or double-buffered. Written for `make bench` and
+    the demo."""
     bench = await start_bench(LayerBench, dut, "throughput")
     cfg = bench.cfg
     communities = max(1, cfg.experts // cfg.slots)
-    count = min(64, 1 << cfg.token_width)         # one id per token in flight
+    count = min(64 if measuring() else 32, 1 << cfg.token_width)   # one id per token in flight
     wg, tokens, _ = golden.community_workload(7, count, cfg.d_model, cfg.experts, communities,
                                               cfg.in_width, cfg.w_width)
     if bench.floating:                            # each element / 16, as an FP8 code
@@ -836,16 +838,19 @@ async def test_throughput(dut):
     await bench.finish(_budget(bench, len(tokens)))
     metrics["ddr4_weight_load_cycles"] = loads[-1] - began_load + 1
     metrics["streamed_cycles"] = bench.y.received[-1][0] - began_load + 1
-    for order, key in (("heaviest", "overlapped_cycles"),
-                       ("lightest", "overlapped_lightest_first_cycles")):
+    # The lightest first is a figure to compare (the demo prints it), not a check of its own:
+    # measured runs only.
+    orders = [("heaviest", "overlapped_cycles")] + \
+        ([("lightest", "overlapped_lightest_first_cycles")] if measuring() else [])
+    for order, key in orders:
         bench.clear_counts()
         _, began = await bench.stream(model, tokens, order)
         await bench.finish(_budget(bench, len(tokens)))
         metrics[key] = bench.y.received[-1][0] - began + 1
     # Double buffering beats loading first (the batch computes while the weights arrive).
     assert metrics["overlapped_cycles"] < metrics["streamed_cycles"], metrics
-    # Operations: the experts' MACs and the gate's (D x E a token) of the five batches.
-    batches = [*runs.values(), main, main, main]
+    # Operations: the experts' MACs and the gate's (D x E a token) of the batches run.
+    batches = [*runs.values(), *[main] * (1 + len(orders))]
     macs = sum(sum(run["chiplet_macs"]) for run in batches) \
         + len(batches) * len(tokens) * cfg.d_model * cfg.experts
     write_throughput(metrics, f"a {count}-token balanced batch, weights resident, round-robin "

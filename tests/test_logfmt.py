@@ -147,7 +147,7 @@ def test_decoder_cocotb(params, simulator):
 
 
 def test_a_measuring_run_sends_the_long_throughput_form():
-    """`make bench` times test_throughput over 10,000 beats, `make test` checks it over 2,000
+    """`make bench` times test_throughput over 10,000 beats, `make test` checks it over 500
     (tb.harness.throughput_beats, told by run_tests(measure=True) through a plusarg)."""
     params = DECODER_CONFIGS[1]
     lanes = params["lanes"]
@@ -157,7 +157,7 @@ def test_a_measuring_run_sends_the_long_throughput_form():
                            quiet=True, measure=measure)
         report = json.loads((result.results_xml.parent / THROUGHPUT_FILE).read_text())
         beats[measure] = report["operations"] // lanes
-    assert 2_000 <= beats[False] < 2_200 and 10_000 <= beats[True] < 10_200, beats
+    assert 500 <= beats[False] < 700 and 10_000 <= beats[True] < 10_200, beats
 
 
 @pytest.mark.sweep
