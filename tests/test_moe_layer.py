@@ -139,13 +139,13 @@ def test_node_limited_routing_keeps_the_token_within_its_groups(groups, topk_gro
 
 # ---- moe_gate: config, generation, cocotb on both simulators ---------------------------------
 
-# Configurations simulated (GATE_SWEEP: by `make sweep` only): the defaults; node-limited routing with odd sizes
-# (3 lanes, 5 elements: a padded beat; 2 header flits); the smallest corner (one lane, one
-# element, 1-bit codes and gates, one leaf); a wide one (16 experts and a shared one on leaf 5,
-# 8 lanes, one header flit); FP8 x (E5M2: the widest fixed-point values, 8-bit lanes that
-# hold a code exactly, 3 lanes; E4M3 with a shared expert: x's scale entry opens a second
-# header flit, and a 20-bit accumulator that wraps, scaled by every E8M0 code the bench
-# draws, 0 and 254 among them).
+# Configurations simulated (those in GATE_SWEEP by `make sweep` only): the defaults;
+# node-limited routing with odd sizes (3 lanes, 5 elements: a padded beat; 2 header flits); the
+# smallest corner (one lane, one element, 1-bit codes and gates, one leaf); a wide one (16
+# experts and a shared one on leaf 5, 8 lanes, one header flit); FP8 x (E5M2: the widest
+# fixed-point values, 8-bit lanes that hold a code exactly, 3 lanes; E4M3 with a shared expert:
+# x's scale entry opens a second header flit, and a 20-bit accumulator that wraps, scaled by
+# every E8M0 code the bench draws, 0 and 254 among them).
 SIM_CONFIGS = [
     {},
     {"experts": 6, "k": 3, "groups": 3, "topk_groups": 2, "leaves": 3, "d_model": 5, "lanes": 2,
@@ -365,10 +365,10 @@ CHIPLET_CONFIGS = [
 ]
 CHIPLET_COCOTB_TESTS = 19
 # In `make sweep` only (make test's time budget, 2026-11-30): the defaults, which are the
-# chiplets of the layer's defaults (every field equal: test_layer_defaults_hold_default_chiplets_and_gate)
-# that make test's default layer runs; E5M2 with FP32 returns (about 140 s of make test, most
-# of it on Icarus): make test keeps E5M2 in fp_dot and moe_gate, FP32 returns in the NoP tree,
-# and a floating-point chiplet in the FP8 layer's (E4M3, BF16 returns).
+# chiplets of the layer's defaults that make test runs (every field equal:
+# test_layer_defaults_hold_default_chiplets_and_gate); E5M2 with FP32 returns (about 140 s of
+# make test, most of it on Icarus): make test keeps E5M2 in fp_dot and moe_gate, FP32 returns
+# in the NoP tree, and a floating-point chiplet in the FP8 layer's (E4M3, BF16 returns).
 CHIPLET_SWEEP = (0, 4)
 
 
