@@ -30,8 +30,8 @@ SIM_CONFIGS = [
 # Plus Table I's core with 64 tokens (S = 64 at M = 64) and the one-token core (max_tokens = 1).
 # Plus 8 multipliers, power-of-two sizes, rows of several beats, the most tokens a command may
 # name (64), moved here for make test's time budget (2026-11-30): make test's cores have rows
-# of several beats too (Table I's, 256 / 64 = 4 beats), and the test_throughput figures for
-# S = 64 are make bench's.
+# of several beats too (Table I's, 256 / 64 = 4 beats); S = 64 runs here also in Table I's core
+# with 64 tokens (above).
 SWEEP_CONFIGS = [{}, {"max_cols": 2048, "max_inter": 384},
                  {"max_cols": 256, "max_inter": 128, "max_tokens": 64},
                  {"mults": 8, "max_cols": 64, "max_inter": 32, "max_tokens": 1},
