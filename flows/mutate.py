@@ -418,7 +418,7 @@ def _worker(args):
     """One mutant's suite, in its own process: exit 0 passed, 1 failed, 3 no results."""
     from cocotb_tools.check_results import get_results
     from cocotb_tools.runner import get_runner
-    from flows.sim import TIMESCALE
+    from flows.sim import SIM_ENV, TIMESCALE
     spec = json.loads(args)
     toolchain.activate()
     runner = get_runner(spec["simulator"])
@@ -432,7 +432,7 @@ def _worker(args):
                           plusargs=[f"+moegen_manifest={spec['manifest']}",
                                     f"+mutsel={spec['mutant']}"],
                           test_filter=test_filter, results_xml=str(test_dir / "results.xml"),
-                          log_file=test_dir / "sim.log")
+                          extra_env=SIM_ENV, log_file=test_dir / "sim.log")
     try:
         tests, failed = get_results(Path(results))
     except RuntimeError:

