@@ -32,8 +32,8 @@ PLACEMENTS = ("round_robin", "clustered")
 # seconds: E4M3 tokens and experts, BF16 returns added by a 3-way switch, 3 experts a chiplet
 # (both orders of addition matter), a tile of 3 arrays promoting inside a dot; 5-bit token ids
 # and 16 in-flight slots (the layer holds 24 tokens, so y held still fills it; with 32-token
-# batches the suite takes 49 s on Icarus, against 85 s with 64). `make test` runs the layer's
-# whole suite on it.
+# batches the suite takes 49 s on Icarus, against 85 s with 64). `make sweep` runs the layer's
+# whole suite on it, `make test` on the same layer with a one-row tile (tests/test_moe_layer).
 FP8_LAYER = {"dtype": "fp8_e4m3", "combine_dtype": "bf16", "combine_width": 16,
              "fanouts": (3,), "experts": 7, "slots": 3, "k": 3, "d_model": 5, "d_ff": 3,
              "lanes": 2, "rows": 2, "cols": 2, "arrays": 3, "batch": 3, "score_shift": 12,

@@ -765,7 +765,7 @@ async def test_misuse(dut):
 
 @cocotb.test()
 async def test_throughput(dut):
-    """A balanced 64-token batch (fewer if 2**token_width is; 32 in `make test`, which checks
+    """A balanced 64-token batch (fewer if 2**token_width is; 16 in `make test`, which checks
     rather than measures) with co-activation structure (``golden.moe_layer.community_workload``),
     every port ready, weights resident, under round-robin and clustered placement: y bit-exact;
     tokens per cycle and cycles against the busiest chiplet's MAC bound; r and the flits on
@@ -775,7 +775,7 @@ async def test_throughput(dut):
     bench = await start_bench(LayerBench, dut, "throughput")
     cfg = bench.cfg
     communities = max(1, cfg.experts // cfg.slots)
-    count = min(64 if measuring() else 32, 1 << cfg.token_width)   # one id per token in flight
+    count = min(64 if measuring() else 16, 1 << cfg.token_width)   # one id per token in flight
     wg, tokens, _ = golden.community_workload(7, count, cfg.d_model, cfg.experts, communities,
                                               cfg.in_width, cfg.w_width)
     if bench.floating:                            # each element / 16, as an FP8 code

@@ -490,17 +490,24 @@ LAYER_CONFIGS = [
      "batch_wait": 4, "in_width": 6, "w_width": 5, "score_width": 4, "gate_width": 4,
      "data_width": 8, "acc_width": 20, "combine_width": 20, "score_shift": 3,
      "token_banks": 1, "pe_stages": 1},
-    # FP8 dispatch, BF16 combine (seed 003 §6.5), the demo's: E4M3 x and experts, BF16
-    # returns added by a 3-way switch (3 chiplets a token: the order matters), 3 experts a
-    # chiplet (their order too), an odd adder tree (3 arrays), promotion inside a dot, the gate
-    # on fixed-point x.
+    # FP8 dispatch, BF16 combine (seed 003 §6.5): E4M3 x and experts, BF16 returns added by a
+    # 3-way switch (3 chiplets a token: the order matters), 3 experts a chiplet (their order
+    # too), an odd adder tree (3 arrays), promotion inside a dot, the gate on fixed-point x; a
+    # 1x2 tile: FP PEs side by side, each column with its own B lane and that slice's scale
+    # (make test's only FP array wider than one column).
+    {**FP8_LAYER, "rows": 1},
+    # The demo's FP8 layer itself, its tile 2x2: in make sweep only (make test's time budget:
+    # its suite took 167 s on Icarus, a one-row tile's about 100 s). FP rows, each with its
+    # row's scale, make test runs in test_systolic's BF16 tile of 2x1 arrays; `make demo`
+    # runs this layer's bit-exact test on Verilator.
     FP8_LAYER,
 ]
+LAYER_SWEEP = (3,)
 LAYER_COCOTB_TESTS = 16
 
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
-@pytest.mark.parametrize("params", two_d_params(LAYER_CONFIGS, 1))
+@pytest.mark.parametrize("params", two_d_params(LAYER_CONFIGS, 1, LAYER_SWEEP))
 def test_layer_cocotb(params, simulator):
     assert run_block("moe_layer", params, simulator).tests == LAYER_COCOTB_TESTS
 
