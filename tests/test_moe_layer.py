@@ -497,7 +497,7 @@ LAYER_CONFIGS = [
     # (make test's only FP array wider than one column).
     {**FP8_LAYER, "rows": 1},
     # The demo's FP8 layer itself, its tile 2x2: in make sweep only (make test's time budget:
-    # its suite took 167 s on Icarus, a one-row tile's about 100 s). FP rows, each with its
+    # its suite took 167 s on Icarus, a one-row tile's 118 s). FP rows, each with its
     # row's scale, make test runs in test_systolic's BF16 tile of 2x1 arrays; `make demo`
     # runs this layer's bit-exact test on Verilator.
     FP8_LAYER,
