@@ -48,8 +48,15 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/moegen"
 fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 echo "moegen setup: installing pinned Python packages into $VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e .
+# uv installs the pinned packages, bytecode compiled, in about 16 s on a clean clone where pip took
+# about 55 (make test's 20 minutes include this set-up); pip is the fallback if uv cannot run.
+UV_PIN=uv==0.13.8      # uv: the installer only, not imported by moegen
+if "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$UV_PIN" &&
+   "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --compile-bytecode -e .; then :
+else
+  echo "moegen setup: uv failed, installing with pip"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e .
+fi
 
 # cocotb embeds Python in the simulator: it needs the shared libpython.
 if ! "$VENV/bin/python" -c 'import find_libpython, sys; sys.exit(find_libpython.find_libpython() is None)'; then
