@@ -381,9 +381,10 @@ async def test_layer_bit_exact(dut):
 
 
 @cocotb.test()
-@cocotb.parametrize((("gap", "stall"), STALL_PROFILES))
+@cocotb.parametrize((("gap", "stall"), STALL_PROFILES[1:]))
 async def test_random_stalls(dut, gap, stall):
-    """Random and long-burst gaps on every input (x, the tables, the weights), stalls on y."""
+    """Random and long-burst gaps on every input (x, the tables, the weights), stalls on y.
+    (The profile without gaps or stalls is test_layer_bit_exact's, with more tokens.)"""
     bench = await _setup(dut, f"stalls:{gap}:{stall}", gap, stall)
     tokens = [bench.random_x() for _ in range(2 * bench.cfg.batch + 1)]
     await bench.run(tokens, _budget(bench, len(tokens), gap, stall))
@@ -441,16 +442,14 @@ async def test_y_held_until_the_layer_is_full(dut):
     bench.send_tokens([bench.random_x() for _ in range(sent)])
     x_beats = bench.sources["x"].sent_edges
     quiet = 4 * cfg.batch_wait + 400
-    # x has stopped (or every token is in).
-    taken, waited = await _until_unchanged(dut, lambda: len(x_beats), quiet,
-                                           _budget(bench, sent), "x neither stopped nor finished")
+    # x has stopped (or every token is in), and every dispatched packet has reached its chiplet
+    # (a return's space is reserved at dispatch, so the chiplets keep computing with y held):
+    # both unchanged for `quiet` cycles, watched together (one quiet window, not two in turn).
+    (taken, settled), _ = await _until_unchanged(
+        dut, lambda: (len(x_beats), list(bench.leaf_tokens)), quiet, 2 * _budget(bench, sent),
+        "x neither stopped nor finished, or the chiplets' packet counts never settled")
     assert taken < sent * cfg.x_flits or sent == 1 << cfg.token_width, \
         f"x never stopped: {sent} tokens taken with y held"
-    # Every dispatched packet reaches its chiplet (a return's space is reserved at dispatch, so
-    # the chiplets keep computing with y held): wait for the counts to settle too.
-    settled, _ = await _until_unchanged(dut, lambda: list(bench.leaf_tokens), quiet,
-                                        2 * _budget(bench, sent) - waited,
-                                        "the chiplets' packet counts never settled")
     # The root allocates one of its max_inflight slots per token (docs/blocks/nop.md): with y
     # held it dispatches the first max_inflight tokens, in order, and no more.
     in_flight = min(cfg.max_inflight, sent)

@@ -503,7 +503,7 @@ LAYER_CONFIGS = [
     FP8_LAYER,
 ]
 LAYER_SWEEP = (3,)
-LAYER_COCOTB_TESTS = 16
+LAYER_COCOTB_TESTS = 15
 
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
