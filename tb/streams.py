@@ -128,11 +128,14 @@ def pauses(spec, rng):
 
 
 def start_clock(dut):
-    """Start the 10 ns clock on ``dut.clk``."""
+    """Start the 10 ns clock on ``dut.clk``, unless the design under test makes its own (an
+    output ``clock_inside``: the buffered harness's ``BLOCK_buffered_clocked``, whose clock is
+    the same, low from time 0 and rising every 10 ns from 5 ns)."""
     # The GPI clock (driven from C, no Python wake-up per edge). It starts low, so its first
     # rising edge comes half a period after the reset that follows is applied: started high, its
     # time-0 edge came before `rst` was written and a test that ran alone saw one reset edge.
-    Clock(dut.clk, CLOCK_PERIOD_NS, unit="ns", impl="gpi").start(start_high=False)
+    if getattr(dut, "clock_inside", None) is None:
+        Clock(dut.clk, CLOCK_PERIOD_NS, unit="ns", impl="gpi").start(start_high=False)
     mismatch = getattr(dut, "mismatch", None)        # BLOCK_equiv: the --3d lockstep run
     if mismatch is not None:
         cocotb.start_soon(_watch_lockstep(mismatch))

@@ -137,3 +137,30 @@ def test_wide_streams_get_a_shorter_window_and_still_generate():
                                              "o": Out(stream.Signature(8))}))
     with pytest.raises(ValueError, match="too wide for the buffered harness"):
         harness_window(huge)
+
+
+def test_the_clocked_module_passes_every_port_and_makes_the_clock():
+    """BLOCK_buffered_clocked (the module the simulators run): every harness port passed
+    through by name, clk an output it toggles every half period from low at time 0 (the GPI
+    clock's edges), and clock_inside, which tells tb.streams.start_clock not to drive clk."""
+    import re
+    from flows.verilog import convert, port_list
+    from tb.buffered import CLOCKED, clocked_verilog
+    from tb.streams import CLOCK_PERIOD_NS
+    harness = BufferedHarness(_Pipe(), window=WINDOW)
+    ports = port_list(harness)
+    # The module it wraps has exactly these ports.
+    inner = re.search(r"module pipe_buffered\((.*?)\);", convert(harness, "pipe_buffered"))
+    assert sorted(inner.group(1).split(", ")) == sorted(port["name"] for port in ports)
+    text = clocked_verilog("pipe_buffered", ports)
+    header = re.search(r"module pipe_buffered" + CLOCKED + r"\((.*?)\);", text).group(1)
+    assert header.split(", ") == [port["name"] for port in ports] + ["clock_inside"]
+    for port in ports:
+        assert f".{port['name']}({port['name']})" in text
+        if port["name"] != "clk":
+            width = f"[{port['width'] - 1}:0] " if port["width"] > 1 else ""
+            direction = "input" if port["direction"] == "in" else "output"
+            assert f"  {direction} {width}{port['name']};" in text
+    assert "  output reg clk;" in text and "  initial clk = 1'b0;" in text
+    assert f"  always #{CLOCK_PERIOD_NS / 2:g} clk = ~clk;" in text
+    assert "  assign clock_inside = 1'b1;" in text
