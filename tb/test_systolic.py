@@ -6,6 +6,7 @@ below hide the difference between the output-stationary blocks (ports a, b -> c)
 weight-stationary array (ports w, a -> c).
 """
 
+import gc
 import math
 import time
 
@@ -389,6 +390,8 @@ async def _saturated(dut, buffered, jobs):
         macs_per_pe = sum(lengths)
         w_edges, a_edges, want_out = golden.WSCycleModel(cfg.rows, cfg.cols).schedule(lengths)
         want_out = [e - a_edges[0] for e in want_out]
+    gc.collect()
+    gc.freeze()
     started = time.perf_counter()
     start_edge = edge_now()
     bench.start()
