@@ -127,15 +127,25 @@ def pauses(spec, rng):
                      "('burst', p, shortest, longest) or ('periodic', period, length)")
 
 
+# The task driving the running test's clock (cocotb ends it with the test).
+_clock_task = None
+
+
 def start_clock(dut):
     """Start the 10 ns clock on ``dut.clk``, unless the design under test makes its own (an
     output ``clock_inside``: the buffered harness's ``BLOCK_buffered_clocked``, whose clock is
-    the same, low from time 0 and rising every 10 ns from 5 ns)."""
+    the same, low from time 0 and rising every 10 ns from 5 ns), or this test's clock runs
+    already (a bench started again after a reset mid-test: a second clock on the same signal
+    shifted its phase by half a period and gave the design one extra edge)."""
+    global _clock_task
+    if _clock_task is not None and not _clock_task.done():
+        return
     # The GPI clock (driven from C, no Python wake-up per edge). It starts low, so its first
     # rising edge comes half a period after the reset that follows is applied: started high, its
     # time-0 edge came before `rst` was written and a test that ran alone saw one reset edge.
     if getattr(dut, "clock_inside", None) is None:
-        Clock(dut.clk, CLOCK_PERIOD_NS, unit="ns", impl="gpi").start(start_high=False)
+        _clock_task = Clock(dut.clk, CLOCK_PERIOD_NS, unit="ns",
+                            impl="gpi").start(start_high=False)
     mismatch = getattr(dut, "mismatch", None)        # BLOCK_equiv: the --3d lockstep run
     if mismatch is not None:
         cocotb.start_soon(_watch_lockstep(mismatch))

@@ -130,3 +130,36 @@ def test_source_drops_its_beats_at_a_reset_and_keeps_those_queued_during_it(monk
     assert edge(3, 0, 0) == 1 and dut.p__payload.value == 9
     edge(4, 0, 1)
     assert source.sent_edges == [4] and source.idle
+
+
+def test_a_bench_started_again_keeps_the_running_clock(monkeypatch):
+    """start_clock a second time in one test (restart_bench after a reset mid-test) keeps the
+    running clock: a second GPI clock on clk shifted its phase by half a period and gave the
+    design one extra edge (21 rising edges in 200 ns, seen on both simulators); a test that
+    starts after cocotb ended the last one's clock gets a new one."""
+    import types
+    started = []
+
+    class _Task:
+        finished = False
+
+        def done(self):
+            return self.finished
+
+    class _Clock:
+        def __init__(self, signal, period, unit, impl):
+            pass
+
+        def start(self, start_high):
+            started.append(_Task())
+            return started[-1]
+
+    monkeypatch.setattr(streams, "Clock", _Clock)
+    monkeypatch.setattr(streams, "_clock_task", None)
+    dut = types.SimpleNamespace(clk=object())
+    streams.start_clock(dut)
+    streams.start_clock(dut)
+    assert len(started) == 1
+    started[0].finished = True          # the test ended: cocotb ended its clock
+    streams.start_clock(dut)
+    assert len(started) == 2
