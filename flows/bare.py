@@ -11,6 +11,7 @@ import hashlib
 import subprocess
 
 from flows import toolchain
+from flows.sim import one_cpu
 from flows.verilog import config_key, generate, write_if_changed
 
 __all__ = ["bare_cycles_per_second"]
@@ -83,5 +84,7 @@ def bare_cycles_per_second(block, config, cycles=2_000_000):
                         "-o", "Vtop", str(v_path), str(main)],
                        check=True, capture_output=True, text=True)
         stamp.write_text(digest)
-    out = subprocess.run([str(binary), str(cycles)], check=True, capture_output=True, text=True)
+    with one_cpu():         # as the bench's measured runs (flows.sim.one_cpu)
+        out = subprocess.run([str(binary), str(cycles)], check=True, capture_output=True,
+                             text=True)
     return float(out.stdout.strip())

@@ -8,6 +8,7 @@ weight-stationary array (ports w, a -> c).
 
 import gc
 import math
+import statistics
 import time
 
 import cocotb
@@ -17,7 +18,8 @@ from golden import fixed
 from golden import fp
 from golden import systolic as golden
 from tb.buffered import BufferedBench
-from tb.harness import load_dut_config, make_rng, throughput_beats, write_throughput
+from tb.harness import (load_dut_config, make_rng, measuring, throughput_beats,
+                        write_throughput)
 from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, edge_now, pause_fraction,
                         reset_dut, start_clock, wait_for)
 
@@ -369,12 +371,32 @@ async def test_protocol_misuse_sets_error(dut):
     assert dut.error.value == 0, "reset does not clear error"
 
 
-async def _saturated(dut, buffered, jobs):
-    """Saturated streams: cycles against the ideal, asserted against the golden schedule.
+# Timed runs of a measuring throughput test; the median rate is reported. This VM slows a run
+# down by up to 1.8x now and then, within one process (4x4 OS, buffered: 87-171k cycles/s).
+MEASURED_RUNS = 3
 
-    Writes ``throughput.json`` (cycles, ideal cycles, utilization, simulated cycles per wall
-    second) in the run folder for ``make bench``.
+
+async def _saturated(dut, buffered, jobs):
+    """Saturated streams: cycles against the ideal, asserted against the golden schedule;
+    when measuring, :data:`MEASURED_RUNS` times, each from a reset and each asserted.
+
+    Writes ``throughput.json`` (cycles, ideal cycles, utilization, the median of the runs'
+    simulated cycles per wall second and each run's) in the run folder for ``make bench``.
     """
+    rates = []
+    for _ in range(MEASURED_RUNS if measuring() else 1):
+        metrics, rate, sim_cycles, macs = await _saturated_run(dut, buffered, jobs)
+        rates.append(rate)
+    write_throughput(metrics, f"{jobs} jobs, utilization = MACs/(PEs*cycles)",
+                     statistics.median(rates), simulated_cycles=sim_cycles,
+                     sim_cycles_per_second_runs=[round(rate) for rate in rates],
+                     harness="buffered" if buffered else "per-cycle",
+                     macs=macs, operations=macs)
+
+
+async def _saturated_run(dut, buffered, jobs):
+    """One timed saturated run: ``(metrics, simulated cycles per second, simulated cycles,
+    MACs)``."""
     bench = await _setup(dut, "throughput", buffered=buffered)
     cfg = bench.cfg
     if isinstance(bench, OSBench):
@@ -409,10 +431,7 @@ async def _saturated(dut, buffered, jobs):
                # full use of the PEs once the pipeline is filled.
                "steady": round((len(out_edges) - 1) / (out_edges[-1] - out_edges[0]), 4)}
     macs = macs_per_pe * cfg.rows * cfg.cols * getattr(cfg, "arrays", 1)
-    write_throughput(metrics, f"{jobs} jobs, utilization = MACs/(PEs*cycles)",
-                     sim_cycles / wall, simulated_cycles=sim_cycles,
-                     harness="buffered" if buffered else "per-cycle",
-                     macs=macs, operations=macs)
+    return metrics, sim_cycles / wall, sim_cycles, macs
 
 
 @cocotb.test()
