@@ -47,7 +47,8 @@ from amaranth.lib.wiring import In, Out
 from cocotb.triggers import FallingEdge, Timer
 
 from tb.codec import codec
-from tb.streams import CLOCK_PERIOD_NS, ProtocolError, Worker, edge_now, pauses
+# _read_bits: X or Z raises, nothing undriven is read as 0 (tb.streams' reader).
+from tb.streams import CLOCK_PERIOD_NS, ProtocolError, Worker, _read_bits, edge_now, pauses
 
 __all__ = ["WINDOW", "BufferedHarness", "BufferedBench", "stream_ports", "status_layout",
            "harness_window", "CLOCKED", "clocked_verilog"]
@@ -314,11 +315,6 @@ def _bits(handle):
     return handle._handle.get_signal_val_binstr()
 
 
-def _read(handle):
-    # int() of a bit string with X or Z raises: nothing undriven is read as 0.
-    return int(_bits(handle), 2)
-
-
 def _set_bits(bits, first_edge):
     """Edges of the set bits of a window's fire mask, given as its bit string, most significant
     bit first (bit j is edge ``first_edge + j``). X or Z in it raises."""
@@ -414,8 +410,8 @@ class BufferedSink(_BufferedPort):
             raise ProtocolError(f"{self.name}: valid fell or the payload changed before the "
                                 "transfer (the harness's checker)")
         if getattr(status, f"{self.name}__mismatch"):
-            index = _read(getattr(self._dut, f"{self.name}__mismatch_index"))
-            got = self.codec.decode(_read(getattr(self._dut, f"{self.name}__mismatch_got")))
+            index = _read_bits(getattr(self._dut, f"{self.name}__mismatch_index"))
+            got = self.codec.decode(_read_bits(getattr(self._dut, f"{self.name}__mismatch_got")))
             want = self.codec.decode(self._queue[index])
             raise AssertionError(f"{self.name} beat {index}: got {got}, expected {want}")
         if getattr(status, f"{self.name}__unexpected"):
@@ -463,7 +459,7 @@ class BufferedBench(Worker):
     def _exchange(self):
         # One read of every count and flag; X or Z on a handshake mirror raises here.
         try:
-            status = self._status.decode(_read(self.dut.status))
+            status = self._status.decode(_read_bits(self.dut.status))
         except ValueError:
             raise ProtocolError(f"X or Z on a handshake after reset: status "
                                 f"{self.dut.status.value}") from None
