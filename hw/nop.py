@@ -235,8 +235,8 @@ def _ports(config, children, parent_link=False, child_links=False):
         "up_in": In(stream.Signature(up_layout(config, child_links))).array(children),
         "error": Out(1),
     }
-    if parent_link:     # a bad flit taken on down_in; the parent's word on the flit it took
-        ports.update(down_in_nack=Out(1), up_out_nack=In(1))
+    if parent_link:     # the parent's word on the flit it took (a down link's nack is the
+        ports.update(up_out_nack=In(1))     # tree's: its skid slice takes the flit, below)
     if child_links:
         ports.update(down_out_nack=In(children), up_in_nack=Out(children))
     return ports
@@ -320,9 +320,9 @@ class NopSwitch(ConfiguredComponent):
         Sticky protocol error (docs/blocks/nop.md): a dispatch with no destination in this subtree,
         a return for a token not owed by that child, a return longer than ``max_flits`` or of a
         different length than the dispatched packet, a first flit with ``abort`` set.
-    down_in_nack : Out(1) ; up_out_nack : In(1)
-        With ``parent_link``: a flit taken on ``down_in`` failed its check (this cycle); the
-        parent says the flit it took from ``up_out`` failed.
+    up_out_nack : In(1)
+        With ``parent_link``: the parent says the flit it took from ``up_out`` failed its check
+        (this cycle). A bad flit on ``down_in`` is answered by the tree's link (``NopTree``).
     down_out_nack : In(F) ; up_in_nack : Out(F)
         With ``child_links``: the same words on the child side.
 
@@ -373,8 +373,6 @@ class NopSwitch(ConfiguredComponent):
         void = Signal()
         if checking:
             m.d.comb += void.eq(bad_in | flit.abort)
-        if self.parent_link:
-            m.d.comb += self.down_in_nack.eq(self.down_in.valid & self.down_in.ready & bad_in)
         in_packet = Signal()       # a packet's first flit has passed, not yet its last
         dropping = Signal()        # the current packet has no destination here: consumed
         cur_slot = Signal(range(slots))
@@ -420,20 +418,24 @@ class NopSwitch(ConfiguredComponent):
         else:
             m.d.comb += self.down_in.ready.eq(Mux(in_packet, fork_ready,
                                                   (fork_ready & first_ok) | void))
-            with m.If(take & void):
-                with m.If(in_packet):
-                    # End the packet here: every child it went to gets its first flit again with
-                    # abort and last set and zero data; this switch owes nothing for it.
-                    for child in range(F):
-                        with m.If(cur_dests[child]):
-                            aborting = out_payload[child]
-                            m.d.sync += [out_valid[child].eq(1), aborting.eq(cur_head),
-                                         aborting.data.eq(0), aborting.last.eq(1),
-                                         aborting.abort.eq(1)]
-                    m.d.sync += in_packet.eq(0)
-                    with m.If(~dropping):
-                        m.d.sync += Array(valid)[cur_slot].eq(0)
-                with m.Elif(~bad_in):
+            # The two void cases spelled out with their own ready terms, so the output
+            # registers' abort load does not see the first flit's slot check (the clock rate).
+            void_inside = self.down_in.valid & in_packet & fork_ready & void
+            void_first = self.down_in.valid & ~in_packet & void         # taken at once
+            with m.If(void_inside):
+                # End the packet here: every child it went to gets its first flit again with
+                # abort and last set and zero data; this switch owes nothing for it.
+                for child in range(F):
+                    with m.If(cur_dests[child]):
+                        aborting = out_payload[child]
+                        m.d.sync += [out_valid[child].eq(1), aborting.eq(cur_head),
+                                     aborting.data.eq(0), aborting.last.eq(1),
+                                     aborting.abort.eq(1)]
+                m.d.sync += in_packet.eq(0)
+                with m.If(~dropping):
+                    m.d.sync += Array(valid)[cur_slot].eq(0)
+            with m.Elif(void_first):
+                with m.If(~bad_in):
                     m.d.sync += error.eq(1)             # a first flit with abort set: dropped
             forward = m.Elif(take)
         with forward:
@@ -714,15 +716,16 @@ class NopTree(ConfiguredComponent):
             for index, switch in enumerate(levels[level]):
                 parent = levels[level - 1][index // parent_fanout]
                 child = index % parent_fanout
-                self._link(m, link, parent.down_out[child], switch.down_in, "down")
-                self._link(m, link, switch.up_out, parent.up_in[child], "up")
+                down_nack = self._down_link(m, link, parent.down_out[child], switch.down_in)
+                self._up_link(m, link, switch.up_out, parent.up_in[child])
                 if cfg.link_check != "none":
-                    m.d.comb += [parent.down_out_nack[child].eq(switch.down_in_nack),
+                    m.d.comb += [parent.down_out_nack[child].eq(down_nack),
                                  switch.up_out_nack.eq(parent.up_in_nack[child])]
-                    self._count_errors(m, link, switch.down_in_nack, parent.up_in_nack[child])
-                    link_bad += [switch.down_in_nack, parent.up_in_nack[child]]
+                    self._count_errors(m, link, down_nack, parent.up_in_nack[child])
+                    link_bad += [down_nack, parent.up_in_nack[child]]
                 m.d.comb += [
-                    self.down_link_fire[link].eq(switch.down_in.valid & switch.down_in.ready),
+                    self.down_link_fire[link].eq(parent.down_out[child].valid &   # enters
+                                                 parent.down_out[child].ready),   # the skid
                     self.up_link_fire[link].eq(switch.up_out.valid & switch.up_out.ready)]
                 link += 1
         bottom, fanout = levels[-1], cfg.fanouts[-1]
@@ -738,23 +741,37 @@ class NopTree(ConfiguredComponent):
                 m.d.sync += flag.eq(1)
         return m
 
-    def _link(self, m, link, sender, receiver, direction):
-        """A switch-to-switch stream; with ``fault_inject`` its flit passes through an XOR. An
-        unchecked down link passes through a skid slice: the child's ready reaches the parent
-        a cycle later, as a register, instead of through every level below in one cycle (a
-        checked link keeps the direct ready: its nack answers the transfer in its cycle)."""
-        if direction == "down" and self.config.link_check == "none":
-            skid = SkidSlice(sender.payload.shape())
-            m.submodules[f"down_link{link}_skid"] = skid
-            wiring.connect(m, sender, skid.i)
-            wiring.connect(m, skid.o, receiver)
-            return
+    def _flipped(self, m, link, sender, receiver, direction):
+        """Connect ``sender`` to ``receiver``; with ``fault_inject`` the flit passes through an
+        XOR with the link's flip input."""
         if not self.config.fault_inject:
             wiring.connect(m, sender, receiver)
             return
         flip = getattr(self, f"{direction}_link_flip")[link]
         m.d.comb += [receiver.valid.eq(sender.valid), sender.ready.eq(receiver.ready),
                      receiver.payload.as_value().eq(sender.payload.as_value() ^ flip)]
+
+    def _down_link(self, m, link, sender, receiver):
+        """A switch-to-switch dispatch link: a skid slice, so the child's ready reaches the
+        parent a cycle later, as a register, instead of through every level below in one cycle
+        (the clock rate). With a ``link_check`` the flit is checked where the slice takes it,
+        and the returned nack (that cycle's transfer failed its check) depends only on the
+        link's own flit and the slice's register, not on the child's slots or outputs."""
+        skid = SkidSlice(sender.payload.shape())
+        m.submodules[f"down_link{link}_skid"] = skid
+        self._flipped(m, link, sender, skid.i, "down")
+        wiring.connect(m, skid.o, receiver)
+        if self.config.link_check == "none":
+            return None
+        _, bad = _receive(m, self.config.link_check, skid.i, down_layout(self.config),
+                          True, f"down_link{link}")
+        nack = Signal(name=f"down_link{link}_nack")
+        m.d.comb += nack.eq(skid.i.valid & skid.i.ready & bad)
+        return nack
+
+    def _up_link(self, m, link, sender, receiver):
+        """A switch-to-switch return link (the parent's ``up_in`` is always ready)."""
+        self._flipped(m, link, sender, receiver, "up")
 
     def _count_errors(self, m, link, down_bad, up_bad):
         """Saturating counts of the flits that failed their check on ``link``."""
