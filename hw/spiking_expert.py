@@ -107,7 +107,10 @@ class SpikingExpert(SisTieredComponent):
         cfg = self.config
         R, C, vw = cfg.rows, cfg.cols, cfg.v_width
         m = Module()
-        queue = OutputQueue(m, self.out)
+        # The pipeline's enable leaves a flip-flop (`registered_space`), not a compare on the
+        # queue's level (the clock rate: in `spiking_moe` that compare's fan-out over a core
+        # was the critical path).
+        queue = OutputQueue(m, self.out, registered_space=True)
         pipe = queue.stall_pipe()
 
         # The job (latched command).
