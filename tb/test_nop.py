@@ -22,8 +22,8 @@ from golden import nop as golden
 from golden import router as golden_router
 from hw import nop as hw_nop
 from tb.harness import dut_manifest, load_dut_config, make_rng, write_throughput
-from tb.streams import (STALL_PROFILES, StreamBench, edge_now, reset_dut, start_after_reset,
-                        start_clock, wait_for)
+from tb.streams import (STALL_PROFILES, HeldPauses, StreamBench, edge_now, reset_dut,
+                        start_after_reset, start_clock, wait_for)
 
 TRACE_K = 2          # experts per token of the synthetic placement trace
 
@@ -905,3 +905,34 @@ if dut_manifest()["params"].get("fault_inject"):
         check_faulty_run(bench)
         aborted = [int(f.token) for _, f in bench.combined.received if f.abort]
         assert aborted == list(range(0, token, 2)), f"aborted tokens {aborted}"
+
+    @cocotb.test()
+    async def test_a_bad_flit_is_answered_where_the_link_takes_it(dut):
+        """Every leaf held not ready: the down link into leaf 0's switch still takes a second
+        flit (its skid slice) while that switch cannot, and a bad one is answered then, counted
+        on that link before leaf 0 has received anything. Released, the switch ends the packet
+        with an abort flit, the token leaves the root as one abort, and the next is exact."""
+        held = HeldPauses()
+        bench = _setup(dut, "skid-nack", stall=held, return_delay=(0, 0))
+        await start_after_reset(dut, bench)
+        injector = FaultInjector(bench, probability=0.0)
+        # The link into the first leaf-level switch (links are numbered level by level).
+        link = bench.internal - math.prod(bench.fanouts[:-1])
+        layout = hw_nop.down_layout(bench.cfg, True)
+        # The packet's second flit crosses that link on the edge after its first, though the
+        # first then waits in the switch's output register for leaf 0 (_flip_flit asserts it).
+        flip = cocotb.start_soon(_flip_flit(dut, "down", link, 1, layout["token"].offset,
+                                            injector.width["down"]))
+        bench.send(bench.random_packet(0, 1, bench.cfg.max_flits))
+        await flip
+        await ClockCycles(dut.clk, 2)
+        assert injector.counted()["down"][link] == 1, injector.counted()
+        assert dut.link_error.value == 1
+        assert not bench.leaf_in[0].received, "leaf 0 took a flit while held"
+        held.release()
+        bench.send(bench.random_packet(1, 1, bench.cfg.max_flits))
+        await bench.drain()
+        assert check_faulty_run(bench) == 1
+        aborted = [int(f.token) for _, f in bench.combined.received if f.abort]
+        assert aborted == [0], f"aborted tokens {aborted}"
+        assert injector.counted()["down"][link] == 1 and sum(injector.counted()["up"]) == 0

@@ -36,7 +36,7 @@ TREE_CONFIGS = [
      "link_check": "parity", "fault_inject": 1},
 ]
 COCOTB_TESTS = 15
-FAULT_TESTS = 3           # tb/test_nop.py's link-fault tests, in trees with fault_inject
+FAULT_TESTS = 4           # tb/test_nop.py's link-fault tests, in trees with fault_inject
 SWEEP_TREE_CONFIGS = [
     {"fanouts": (4, 16), "lanes": 2, "max_flits": 2, "max_inflight": 4},
 ]
