@@ -663,15 +663,17 @@ class NopSwitch(ConfiguredComponent):
 class NopTree(ConfiguredComponent):
     """Switches composed by ``config.fanouts``: root dispatch in / combine out, one stream pair per
     leaf, and ``down_link_fire``/``up_link_fire`` taps (one bit per switch-to-switch link, high in
-    a cycle that link transfers a flit) for link-traffic monitors.
+    a cycle that link transfers a flit; a down link transfers where the parent's flit enters its
+    skid slice) for link-traffic monitors.
 
     Internal links are numbered breadth-first: link ``j`` connects the ``j``-th non-root switch
     (level by level, left to right) to its parent.
 
     With ``link_check``: ``down_link_errors``/``up_link_errors`` (a 16-bit count per internal
-    link, saturating: flits that failed their check at the switch they entered) and the sticky
-    ``link_error``. With ``fault_inject`` (tests only): ``down_link_flip``/``up_link_flip``, one
-    word per internal link XORed into the link's flit (check bits at bit 0).
+    link, saturating: flits that failed their check on it, taken by a down link's skid slice or
+    on the parent's ``up_in``) and the sticky ``link_error``. With ``fault_inject`` (tests
+    only): ``down_link_flip``/``up_link_flip``, one word per internal link XORed into the link's
+    flit (check bits at bit 0).
     """
 
     def __init__(self, config):
