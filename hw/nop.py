@@ -235,8 +235,8 @@ def _ports(config, children, parent_link=False, child_links=False):
         "up_in": In(stream.Signature(up_layout(config, child_links))).array(children),
         "error": Out(1),
     }
-    if parent_link:     # the parent's word on the flit it took (a down link's nack is the
-        ports.update(up_out_nack=In(1))     # tree's: its skid slice takes the flit, below)
+    if parent_link:     # the flit on down_in fails its check; the parent's word on the flit it took
+        ports.update(down_in_bad=Out(1), up_out_nack=In(1))
     if child_links:
         ports.update(down_out_nack=In(children), up_in_nack=Out(children))
     return ports
@@ -320,9 +320,10 @@ class NopSwitch(ConfiguredComponent):
         Sticky protocol error (docs/blocks/nop.md): a dispatch with no destination in this subtree,
         a return for a token not owed by that child, a return longer than ``max_flits`` or of a
         different length than the dispatched packet, a first flit with ``abort`` set.
-    up_out_nack : In(1)
-        With ``parent_link``: the parent says the flit it took from ``up_out`` failed its check
-        (this cycle). A bad flit on ``down_in`` is answered by the tree's link (``NopTree``).
+    down_in_bad : Out(1) ; up_out_nack : In(1)
+        With ``parent_link``: the flit offered on ``down_in`` fails its check (combinational:
+        the tree's link answers the sender, ``NopTree``); the parent says the flit it took from
+        ``up_out`` failed its check (this cycle).
     down_out_nack : In(F) ; up_in_nack : Out(F)
         With ``child_links``: the same words on the child side.
 
@@ -373,6 +374,8 @@ class NopSwitch(ConfiguredComponent):
         void = Signal()
         if checking:
             m.d.comb += void.eq(bad_in | flit.abort)
+        if self.parent_link:
+            m.d.comb += self.down_in_bad.eq(bad_in)
         in_packet = Signal()       # a packet's first flit has passed, not yet its last
         dropping = Signal()        # the current packet has no destination here: consumed
         cur_slot = Signal(range(slots))
@@ -718,7 +721,7 @@ class NopTree(ConfiguredComponent):
             for index, switch in enumerate(levels[level]):
                 parent = levels[level - 1][index // parent_fanout]
                 child = index % parent_fanout
-                down_nack = self._down_link(m, link, parent.down_out[child], switch.down_in)
+                down_nack = self._down_link(m, link, parent.down_out[child], switch)
                 self._up_link(m, link, switch.up_out, parent.up_in[child])
                 if cfg.link_check != "none":
                     m.d.comb += [parent.down_out_nack[child].eq(down_nack),
@@ -753,22 +756,22 @@ class NopTree(ConfiguredComponent):
         m.d.comb += [receiver.valid.eq(sender.valid), sender.ready.eq(receiver.ready),
                      receiver.payload.as_value().eq(sender.payload.as_value() ^ flip)]
 
-    def _down_link(self, m, link, sender, receiver):
-        """A switch-to-switch dispatch link: a skid slice, so the child's ready reaches the
-        parent a cycle later, as a register, instead of through every level below in one cycle
-        (the clock rate). With a ``link_check`` the flit is checked where the slice takes it,
-        and the returned nack (that cycle's transfer failed its check) depends only on the
-        link's own flit and the slice's register, not on the child's slots or outputs."""
+    def _down_link(self, m, link, sender, switch):
+        """A switch-to-switch dispatch link into ``switch``: a skid slice, so the child's ready
+        reaches the parent a cycle later, as a register, instead of through every level below
+        in one cycle (the clock rate). With a ``link_check`` the returned nack says the flit the
+        slice takes this cycle fails its check: the slice takes only while empty, and then
+        passes the link's flit straight to the switch, whose check (``down_in_bad``) is of that
+        flit; so the nack depends on the flit and the slice's register, not on the switch's
+        slots or outputs, and the link needs no checker of its own."""
         skid = SkidSlice(sender.payload.shape())
         m.submodules[f"down_link{link}_skid"] = skid
         self._flipped(m, link, sender, skid.i, "down")
-        wiring.connect(m, skid.o, receiver)
+        wiring.connect(m, skid.o, switch.down_in)
         if self.config.link_check == "none":
             return None
-        _, bad = _receive(m, self.config.link_check, skid.i, down_layout(self.config),
-                          True, f"down_link{link}")
         nack = Signal(name=f"down_link{link}_nack")
-        m.d.comb += nack.eq(skid.i.valid & skid.i.ready & bad)
+        m.d.comb += nack.eq(skid.i.valid & skid.i.ready & switch.down_in_bad)
         return nack
 
     def _up_link(self, m, link, sender, receiver):
