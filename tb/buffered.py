@@ -47,8 +47,8 @@ from amaranth.lib.wiring import In, Out
 from cocotb.triggers import FallingEdge, Timer
 
 from tb.codec import codec
-# _read_bits: X or Z raises, nothing undriven is read as 0 (tb.streams' reader).
-from tb.streams import CLOCK_PERIOD_NS, ProtocolError, Worker, _read_bits, edge_now, pauses
+from tb.streams import (CLOCK_PERIOD_NS, ProtocolError, Worker, bit_string, edge_now, pauses,
+                        read_bits)
 
 __all__ = ["WINDOW", "BufferedHarness", "BufferedBench", "stream_ports", "status_layout",
            "harness_window", "CLOCKED", "clocked_verilog"]
@@ -310,11 +310,6 @@ class BufferedHarness(wiring.Component):
         m.d.sync += [held.eq(port.valid & ~port.ready), held_payload.eq(payload)]
 
 
-def _bits(handle):
-    # The simulator's bit string (no LogicArray per read, as in tb.streams' stream ends).
-    return handle._handle.get_signal_val_binstr()
-
-
 def _set_bits(bits, first_edge):
     """Edges of the set bits of a window's fire mask, given as its bit string, most significant
     bit first (bit j is edge ``first_edge + j``). X or Z in it raises."""
@@ -358,7 +353,7 @@ class _BufferedPort:
 
     def _exchange(self, status, closed_first_edge):
         if closed_first_edge is not None:
-            self.edges += _set_bits(_bits(self._fires), closed_first_edge)
+            self.edges += _set_bits(bit_string(self._fires), closed_first_edge)
         if self._head < len(self._queue) and getattr(status, f"{self.name}__free"):
             beats = self._queue[self._head:self._head + 2 * self._window]
             self._head += len(beats)
@@ -410,8 +405,8 @@ class BufferedSink(_BufferedPort):
             raise ProtocolError(f"{self.name}: valid fell or the payload changed before the "
                                 "transfer (the harness's checker)")
         if getattr(status, f"{self.name}__mismatch"):
-            index = _read_bits(getattr(self._dut, f"{self.name}__mismatch_index"))
-            got = self.codec.decode(_read_bits(getattr(self._dut, f"{self.name}__mismatch_got")))
+            index = read_bits(getattr(self._dut, f"{self.name}__mismatch_index"))
+            got = self.codec.decode(read_bits(getattr(self._dut, f"{self.name}__mismatch_got")))
             want = self.codec.decode(self._queue[index])
             raise AssertionError(f"{self.name} beat {index}: got {got}, expected {want}")
         if getattr(status, f"{self.name}__unexpected"):
@@ -459,7 +454,7 @@ class BufferedBench(Worker):
     def _exchange(self):
         # One read of every count and flag; X or Z on a handshake mirror raises here.
         try:
-            status = self._status.decode(_read_bits(self.dut.status))
+            status = self._status.decode(read_bits(self.dut.status))
         except ValueError:
             raise ProtocolError(f"X or Z on a handshake after reset: status "
                                 f"{self.dut.status.value}") from None

@@ -26,7 +26,7 @@ __all__ = ["CLOCK_PERIOD_NS", "STALL_PROFILES", "LONG_BURSTS", "ProtocolError", 
            "StreamSource",
            "StreamMonitor", "StreamSink", "StreamBench", "PipeBench", "JobBench",
            "InOrderScoreboard", "beats_per_cycle",
-           "stream_layout", "Worker", "EdgeWorker",
+           "stream_layout", "Worker", "EdgeWorker", "bit_string", "read_bits",
            "wait_for"]
 
 CLOCK_PERIOD_NS = 10
@@ -189,14 +189,21 @@ async def start_after_reset(dut, bench):
 # ``_handle``, cocotb 2.1 pinned) rather than through ``handle.value``, which builds a Logic or
 # LogicArray object per read: every port is read at every edge, and those objects were the
 # largest single cost of a Verilator run's Python.
-def _read_bits(handle):
-    # int(binstr, 2) raises ValueError on X/Z: an undriven payload fails loudly, never reads 0.
+def bit_string(handle):
+    """The simulator's bit string of ``handle`` (no LogicArray per read: the benches read
+    wide payloads every cycle)."""
+    return handle._handle.get_signal_val_binstr()
+
+
+def read_bits(handle):
+    """``handle``'s value as an integer; X or Z raises ValueError (an undriven payload fails
+    loudly, never reads 0). Inlined, not through bit_string: a per-beat read."""
     return int(handle._handle.get_signal_val_binstr(), 2)
 
 
 def _read_bit(handle):
     """A 1-bit handle's value as 0 or 1; X or Z raises ValueError (never read as 0)."""
-    bit = handle._handle.get_signal_val_binstr()
+    bit = bit_string(handle)
     if bit == "1":
         return 1
     if bit == "0":
@@ -464,7 +471,7 @@ class StreamMonitor(_StreamEnd):
             self._held = None
             return
         if self._handshake(self._valid):
-            bits = _read_bits(self._payload)
+            bits = read_bits(self._payload)
             if self._held is not None and bits != self._held:
                 raise ProtocolError(f"{self.name}: payload changed while valid and not ready "
                                     f"(edge {edge_now()})")
