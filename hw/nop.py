@@ -722,7 +722,7 @@ class NopTree(ConfiguredComponent):
                 parent = levels[level - 1][index // parent_fanout]
                 child = index % parent_fanout
                 down_nack = self._down_link(m, link, parent.down_out[child], switch)
-                self._up_link(m, link, switch.up_out, parent.up_in[child])
+                self._flipped(m, link, switch.up_out, parent.up_in[child], "up")
                 if cfg.link_check != "none":
                     m.d.comb += [parent.down_out_nack[child].eq(down_nack),
                                  switch.up_out_nack.eq(parent.up_in_nack[child])]
@@ -747,8 +747,8 @@ class NopTree(ConfiguredComponent):
         return m
 
     def _flipped(self, m, link, sender, receiver, direction):
-        """Connect ``sender`` to ``receiver``; with ``fault_inject`` the flit passes through an
-        XOR with the link's flip input."""
+        """Connect ``sender`` to ``receiver`` (a return link, or a dispatch link's slice); with
+        ``fault_inject`` the flit passes through an XOR with the link's flip input."""
         if not self.config.fault_inject:
             wiring.connect(m, sender, receiver)
             return
@@ -773,10 +773,6 @@ class NopTree(ConfiguredComponent):
         nack = Signal(name=f"down_link{link}_nack")
         m.d.comb += nack.eq(skid.i.valid & skid.i.ready & switch.down_in_bad)
         return nack
-
-    def _up_link(self, m, link, sender, receiver):
-        """A switch-to-switch return link (the parent's ``up_in`` is always ready)."""
-        self._flipped(m, link, sender, receiver, "up")
 
     def _count_errors(self, m, link, down_bad, up_bad):
         """Saturating counts of the flits that failed their check on ``link``."""
