@@ -35,7 +35,7 @@ number of flits (the NoP drops a return of another length), lanes of ``combine_w
 zero header flits, then its aggregated values in the x positions. The root's combined packet,
 header flits dropped, is y.
 
-Floating point (``dtype`` fp8_e4m3 or fp8_e5m2, issue 17): x, the FFN weights and the
+Floating point (``dtype`` fp8_e4m3, fp8_e5m2 or bf16, issue 17): x, the FFN weights and the
 activation table hold codes of ``dtype`` (``golden.fp``'s formats and cast rule), with seed 003
 §3.1's fine-grained scales, E8M0 codes c of value 2**(c - 127) (255: NaN): each token one for x
 (``layer``'s ``x_scales``: D <= 64, so x is one 1 x 128 tile), and each expert one for each of
@@ -44,9 +44,10 @@ times its scale; the packet carries the scale as one more header entry, after th
 (``header_flits(k + shared + 1, lanes)`` header flits).
 
 1'. The gate stays in higher precision, as DeepSeek-V3 keeps its gating modules (seed 003
-    §3.3): each x code is taken exactly as a fixed-point integer ``fixed_x`` = value *
-    2**FIXED_FRACTION[dtype] (the smallest subnormal is 1; NaN as 0, an infinity as the
-    largest finite value), and steps 1-4 run on those integers with the integer W_g.
+    §3.3): each x code is taken as a fixed-point integer ``fixed_x`` = value *
+    2**FIXED_FRACTION[dtype] (FP8 exactly: the smallest subnormal is 1; BF16 in Q16.16,
+    truncated toward zero and saturated at 65280; NaN as 0, an infinity as the largest
+    value), and steps 1-4 run on those integers with the integer W_g.
 2'. The token's scale c moves the score's rounding: ``s_e = scaled_requant(raw_e, score_shift
     - (c - 127), score_width) + 2**(score_width-1)``, a negative shift being a left shift that
     saturates; a NaN scale makes every raw_e 0.
@@ -57,8 +58,10 @@ times its scale; the packet carries the scale as one more header entry, after th
     each an ``fp_dot`` of group 1 with ``acc_frac`` and ``promote_every``, every promotion
     multiplied by the matrix's scale and x's (h's scale is 1), the slices' FP32 results added
     pairwise);
-    ``h = multiply(act_lut[g], u, dtype, shift_h)``; ``y = Wd·h`` (FP32 codes). A shift is a
-    power of two (2**-shift) folded into the one rounding.
+    ``h = multiply(activation(g), u, dtype, shift_h)`` (``activation``: the table's entry
+    ``g >> act_index_drop(dtype)``: all of an FP8 code, a BF16 code's top 12 bits);
+    ``y = Wd·h`` (FP32 codes). A shift is a power of two (2**-shift) folded into the one
+    rounding.
 6'. A chiplet's return: per element, starting from +0, for its chosen experts in the order it
     applies them (its slot order) ``sum = add(sum, multiply(y_e, g_e, fp32, gate_shift))`` in
     FP32, each step rounded; returned as FP32 codes, or cast to BF16 (``combine_dtype``).
@@ -75,7 +78,8 @@ from golden.systolic import OS_PE_STAGES, fp_tile_result, pe_stages
 from golden.fixed import wrap
 
 __all__ = ["MoELayer", "score_codes", "gate_weights", "dispatch_flits", "parse_header",
-           "chiplet_return", "fp_activation_lut", "fixed_x", "FIXED_FRACTION", "layer",
+           "chiplet_return", "fp_activation_lut", "fixed_x", "FIXED_FRACTION", "GATE_MAX_CODE",
+           "ACT_INDEX_BITS", "act_index_drop", "activation", "layer",
            "mac_bound", "expert_macs", "header_flits",
            "chiplet_stream_returns", "chiplet_stream_edges",
            "gate_latency", "ChipletShape", "weight_beats", "chiplet_figures",
@@ -153,7 +157,8 @@ class MoELayer:
 
     ``wg``: D x E gate matrix; ``experts[e] = (Wg_e, Wu_e, Wd_e)`` (F x D, F x D, D x F, as in
     ``golden.ndp``); ``placement[e]``: the chiplet (leaf) of expert e; ``gate_lut``:
-    2**score_width unsigned entries; ``act_lut``: 2**in_width signed entries; ``shifts``:
+    2**score_width unsigned entries; ``act_lut``: 2**in_width signed entries (floating
+    point: ``fp_activation_lut``'s codes); ``shifts``:
     (shift_g, shift_u, shift_h) of the FFN; ``leaves``: the chiplets, counted in the per-chiplet
     figures even when no expert sits on some (0: those the placement uses). With ``shared``,
     ``experts`` and ``placement`` (and ``w_scales``) have one more entry, the shared expert's
@@ -180,7 +185,7 @@ class MoELayer:
     lanes: int = 4
     shared: bool = False
     leaves: int = 0              # chiplets of the layer (0: as many as the placement uses)
-    dtype: str = "int"           # the expert datapath: int, fp8_e4m3 or fp8_e5m2
+    dtype: str = "int"           # the expert datapath: int, fp8_e4m3, fp8_e5m2 or bf16
     acc_frac: int = 13           # floating point: the tile's accumulator fraction bits,
     promote_every: int = 128     # its promotion interval,
     tile_arrays: int = 1         # the arrays its K is split over,
@@ -222,15 +227,17 @@ class MoELayer:
 
 
 def fp_activation_lut(name, dtype):
-    """The activation table of a floating-point chiplet: entry c (an FP8 code of ``dtype``)
-    holds f(value of c) cast to ``dtype`` (``golden.fp.encode``); NaN gives NaN, an infinity
+    """The activation table of a floating-point chiplet: entry i holds f of the value of code
+    ``i << act_index_drop(dtype)`` (for FP8 code i; for BF16 the least magnitude of the codes
+    that share the entry) cast to ``dtype`` (``golden.fp.encode``); NaN gives NaN, an infinity
     its limit (silu: +inf, -0; relu: +inf, +0)."""
     functions = {"silu": lambda v: v / (1.0 + math.exp(-v)) if v > -700 else -0.0,
                  "relu": lambda v: max(v, 0.0)}            # (exp(700) is near float's top)
     f = functions[name]
+    drop = act_index_drop(dtype)
     table = []
-    for code in range(1 << fp.FORMATS[dtype].width):
-        value = fp.decode(code, dtype)
+    for index in range(1 << (fp.FORMATS[dtype].width - drop)):
+        value = fp.decode(index << drop, dtype)
         if math.isinf(value):
             result = value if value > 0 else f(-1000.0)
         elif math.isnan(value):
@@ -242,19 +249,46 @@ def fp_activation_lut(name, dtype):
     return table
 
 
-FIXED_FRACTION = {"fp8_e4m3": 9, "fp8_e5m2": 16}    # -(exponent of the smallest subnormal)
+FIXED_FRACTION = {"fp8_e4m3": 9, "fp8_e5m2": 16, "bf16": 16}   # the gate's x fraction bits:
+# -(exponent of the smallest subnormal) for FP8 (exact); BF16 (down to 2**-133, up to 2**128)
+# is cut to E5M2's window instead: Q16.16, truncated toward zero below 2**-16 and saturated
+# at the largest BF16 value below 2**16, 65280 (GATE_MAX_CODE), so that every format's x fits
+# the 33 signed bits of E5M2's largest, 57344 * 2**16.
+GATE_MAX_CODE = {"fp8_e4m3": fp.FORMATS["fp8_e4m3"].max_code,
+                 "fp8_e5m2": fp.FORMATS["fp8_e5m2"].max_code, "bf16": 0x477F}
 
 
 def fixed_x(code, dtype):
-    """An FP8 x code as the gate takes it: its value times 2**FIXED_FRACTION[dtype], an exact
-    integer; NaN as 0, an infinity as the largest finite value of its sign."""
+    """An x code as the gate takes it: its value times 2**FIXED_FRACTION[dtype], truncated
+    toward zero (exact for FP8), its magnitude at most GATE_MAX_CODE[dtype]'s; NaN as 0, an
+    infinity as that largest value of its sign."""
     kind, sign, m, x = fp.components(code, dtype)
     if kind == "nan":
         return 0
-    if kind == "inf":
-        kind, _, m, x = fp.components(fp.FORMATS[dtype].max_code, dtype)
-    magnitude = m << (x + FIXED_FRACTION[dtype])
+    _, _, top_m, top_x = fp.components(GATE_MAX_CODE[dtype], dtype)
+    largest = top_m << (top_x + FIXED_FRACTION[dtype])
+    shift = x + FIXED_FRACTION[dtype]
+    magnitude = largest if kind == "inf" else (m << shift if shift >= 0 else m >> -shift)
+    magnitude = min(magnitude, largest)
     return -magnitude if sign else magnitude
+
+
+ACT_INDEX_BITS = 12      # a floating-point activation table's index: a code's top 12 bits
+
+
+def act_index_drop(dtype):
+    """Low code bits the activation table's index drops: none for FP8 (a 256-entry table,
+    every code its own entry), 4 for BF16 (4096 entries: sign, exponent and the top 3 mantissa
+    bits, an E8M3 grid; 65,536 entries would be 1 Mbit on every chiplet)."""
+    return max(0, fp.FORMATS[dtype].width - ACT_INDEX_BITS)
+
+
+def activation(model, code):
+    """act(g) as a floating-point chiplet looks it up: ``act_lut[code >> act_index_drop]``.
+    (A NaN g is the canonical NaN of ``fp.scale_cast``, whose BF16 entry, 0x7FC0 >> 4, no
+    other kind of code shares; the infinities share theirs with NaN payloads a cast never
+    makes.)"""
+    return model.act_lut[code >> act_index_drop(model.dtype)]
 
 
 def _fp_matvec(model, matrix, vector, scale, vector_scale):
@@ -286,7 +320,8 @@ def _fp_ffn(model, matrices, scales, x, x_scale):
          for v in _fp_matvec(model, wg, x, scale_g, x_scale)]
     u = [fp.scale_cast(v, "fp32", dtype, shift_u)
          for v in _fp_matvec(model, wu, x, scale_u, x_scale)]
-    h = [fp.multiply(model.act_lut[a], dtype, b, dtype, dtype, shift_h) for a, b in zip(g, u)]
+    h = [fp.multiply(activation(model, a), dtype, b, dtype, dtype, shift_h)
+         for a, b in zip(g, u)]
     return _fp_matvec(model, wd, h, scale_d, UNIT_SCALE)        # (h: codes at their values)
 
 

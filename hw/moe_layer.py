@@ -1,6 +1,6 @@
-"""The Mozart MoE layer as generated hardware (issue 16; FP8 datapaths, issue 17): its first block,
-``moe_gate``, the root of the layer: gate scores on chip, node-limited top-k routing, gate
-weights from a run-time table, and the NoP dispatch packet of every token.
+"""The Mozart MoE layer as generated hardware (issue 16; FP8 and BF16 datapaths, issue 17): its
+first block, ``moe_gate``, the root of the layer: gate scores on chip, node-limited top-k
+routing, gate weights from a run-time table, and the NoP dispatch packet of every token.
 
 Sources: seed 000 §3.3, §4.2 (the attention chiplet at the root computes the gate and dispatches
 each token down the NoP tree to the chiplets of its experts), seed 003 §4.3 (node-limited
@@ -49,6 +49,7 @@ __all__ = ["MoEGateConfig", "MoEGate", "ExpertChipletConfig", "ExpertChiplet", "
            "MoELayer"]
 
 SHIFT_RANGE = 48
+INT_ACT_BITS = 10   # expert_chiplet: the widest integer element (a 2**in_width activation table)
 UNIT_SCALE, NAN_SCALE = golden.UNIT_SCALE, golden.NAN_SCALE     # E8M0 codes: 1, NaN
 PLAN_DEPTH = golden.PLAN_DEPTH   # expert_chiplet: tile phases planned (weight jobs queued) ahead
 
@@ -101,9 +102,10 @@ class MoEGateConfig(PacketShape):
         Bits of a NoP flit lane (2..32): at least in_width, and a header entry (expert index
         and gate weight) must fit.
     dtype : str
-        ``int``, or ``fp8_e4m3``/``fp8_e5m2``: x elements are FP8 codes (in_width 8), taken
-        exactly as fixed-point integers for the scores (``golden.moe_layer.fixed_x``); W_g
-        stays integer (the gate in higher precision, as seed 003 §3.3 keeps it).
+        ``int``, or ``fp8_e4m3``/``fp8_e5m2``/``bf16``: x elements are codes (in_width 8, or
+        16 for BF16), taken as fixed-point integers for the scores
+        (``golden.moe_layer.fixed_x``: FP8 exactly, BF16 in Q16.16); W_g stays integer (the
+        gate in higher precision, as seed 003 §3.3 keeps it).
     """
     experts: int = int_param(8, 2, 64, "E, experts")
     k: int = int_param(2, 1, 8, "experts chosen per token")
@@ -122,14 +124,16 @@ class MoEGateConfig(PacketShape):
     data_width: int = int_param(16, 2, 32, "bits of a NoP flit lane")
     shared: int = int_param(0, 0, 1, "1: a shared expert (id E) in every token's packet")
     shared_leaf: int = int_param(0, 0, 63, "leaf of the shared expert")
-    dtype: str = choice_param("int", ("int", "fp8_e4m3", "fp8_e5m2"),
-                              "x elements: integers, or FP8 codes")
+    dtype: str = choice_param("int", ("int", "fp8_e4m3", "fp8_e5m2", "bf16"),
+                              "x elements: integers, or FP8 or BF16 codes")
 
     def __post_init__(self):
         validate(self)
-        if self.dtype != "int" and self.in_width != 8:
-            raise param_error("in_width", self.in_width,
-                              f"8 with dtype {self.dtype} (x elements are FP8 codes)")
+        if self.dtype != "int":
+            width = golden_fp.FORMATS[self.dtype].width
+            if self.in_width != width:
+                raise param_error("in_width", self.in_width,
+                                  f"{width} with dtype {self.dtype} (x elements are its codes)")
         self.router_config()            # the router's cross-field rules, with its messages
         if self.shared_leaf >= self.leaves:
             raise param_error("shared_leaf", self.shared_leaf,
@@ -169,18 +173,31 @@ def x_layout(config):
 
 
 def _fixed_x(m, code, dtype, name):
-    """An FP8 x code as the gate's exact fixed-point integer (``golden.moe_layer.fixed_x``):
-    the mantissa shifted up by its exponent plus the fraction bits; NaN 0, an infinity the
-    largest finite value of its sign."""
+    """An x code as the gate's fixed-point integer (``golden.moe_layer.fixed_x``): the mantissa
+    shifted up by its exponent plus the fraction bits; NaN 0, an infinity the largest value of
+    its sign. FP8 is exact; BF16 is cut to the same Q16.16 window: shifted right (truncated)
+    below it, saturated above it."""
     fmt = golden_fp.FORMATS[dtype]
-    largest = golden.fixed_x(fmt.max_code, dtype)
+    largest = golden.fixed_x(golden.GATE_MAX_CODE[dtype], dtype)
     nan, inf, sign, mantissa, exponent = fp_fields(m, code, fmt, name)
-    shift = Signal(range(largest.bit_length() + 1), name=f"{name}_shift")
     magnitude = Signal(largest.bit_length(), name=f"{name}_magnitude")
     value = Signal(signed(largest.bit_length() + 1), name=f"{name}_fixed")
-    m.d.comb += [shift.eq(exponent + golden.FIXED_FRACTION[dtype]),
-                 magnitude.eq(Mux(inf, largest, mantissa << shift)),
-                 value.eq(Mux(nan, 0, Mux(sign, -magnitude, magnitude)))]
+    fraction = golden.FIXED_FRACTION[dtype]
+    if golden.GATE_MAX_CODE[dtype] == fmt.max_code:         # FP8: every finite value fits
+        shift = Signal(range(largest.bit_length() + 1), name=f"{name}_shift")
+        m.d.comb += [shift.eq(exponent + fraction),
+                     magnitude.eq(Mux(inf, largest, mantissa << shift))]
+    else:
+        # The mantissa's M bits shifted by exponent + fraction + M >= 0, the M low bits
+        # dropped: a right shift where exponent + fraction < 0 (less than -M: 0).
+        M = fmt.man_bits + 1
+        top = golden_fp.components(golden.GATE_MAX_CODE[dtype], fmt)[3]    # its exponent
+        under = exponent + fraction + M < 0
+        shift = Signal(range(top + fraction + M + 1), name=f"{name}_shift")
+        m.d.comb += [shift.eq(Mux(under, 0, exponent + fraction + M)),
+                     magnitude.eq(Mux(inf | (exponent > top), largest,
+                                      Mux(under, 0, (mantissa << shift)[M:])))]
+    m.d.comb += value.eq(Mux(nan, 0, Mux(sign, -magnitude, magnitude)))
     return value
 
 
@@ -310,7 +327,7 @@ class MoEGate(ConfiguredComponent):
         beat_x = pipe.reg(self.x.payload.data.as_value(), "beat_x")
         lanes_x = [beat_x[l * cfg.in_width:(l + 1) * cfg.in_width].as_signed()
                    for l in range(L)]
-        if cfg.dtype != "int":                  # FP8 codes: their exact fixed-point values
+        if cfg.dtype != "int":                  # FP codes: their fixed-point values
             lanes_x = [_fixed_x(m, lane.as_unsigned(), cfg.dtype, f"x_{l}")
                        for l, lane in enumerate(lanes_x)]
         product_width = len(lanes_x[0]) + cfg.w_width
@@ -450,8 +467,8 @@ class ExpertChipletConfig(PacketShape):
     d_model, d_ff : int
         D and F of an expert FFN (1..64 each).
     in_width : int
-        Bits of a signed x, activation and h element (2..10; the activation table has
-        2**in_width entries).
+        Bits of an x, activation and h element: 2..10 signed integers (the activation table
+        has 2**in_width entries), or the floating-point ``dtype``'s width (8, BF16 16).
     w_width : int
         Bits of a signed FFN weight (2..16).
     acc_width : int
@@ -474,10 +491,12 @@ class ExpertChipletConfig(PacketShape):
         computed, the next bank collects and a finished one returns its tokens.
     dtype : str
         The expert datapath: ``int`` (the default: the integer datapath above), or
-        ``fp8_e4m3``/``fp8_e5m2``: x, weights, activations and h are FP8 codes (in_width and
-        w_width 8), the tile's PEs floating point (``acc_frac``, ``promote_every``; E8M0
-        scales: x's from its packet's last header entry, each weight block's from its load),
-        the shifts powers of two folded into each rounding.
+        ``fp8_e4m3``/``fp8_e5m2``/``bf16``: x, weights, activations and h are codes of it
+        (in_width and w_width its width, 8 or 16), the tile's PEs floating point
+        (``acc_frac``, ``promote_every``; E8M0 scales: x's from its packet's last header
+        entry, each weight block's from its load), the shifts powers of two folded into each
+        rounding; the activation table indexed by a code's top ``ACT_INDEX_BITS`` (12) bits
+        (all of an FP8 code).
     acc_frac, promote_every : int
         Floating point: the tile's accumulator fraction bits and promotion interval.
     combine_dtype : str
@@ -498,7 +517,7 @@ class ExpertChipletConfig(PacketShape):
     slots: int = int_param(2, 1, 8, "S, experts held")
     d_model: int = int_param(8, 1, 64, "D, elements of a token")
     d_ff: int = int_param(8, 1, 64, "F, hidden elements of an expert")
-    in_width: int = int_param(8, 2, 10, "bits of x, activation and h elements")
+    in_width: int = int_param(8, 2, 16, "bits of x, activation and h elements (int: 2..10)")
     w_width: int = int_param(8, 2, 16, "bits of an FFN weight")
     acc_width: int = int_param(32, 8, 48, "bits of the tile's wrapping accumulators")
     shift_g: int = int_param(6, 0, SHIFT_RANGE - 1, "gate projection to in_width shift")
@@ -512,8 +531,8 @@ class ExpertChipletConfig(PacketShape):
     batch_wait: int = int_param(16, 1, 255, "idle cycles that close a partial batch")
     queue_tokens: int = int_param(8, 0, 32, "packets the input queue holds (0: none)")
     token_banks: int = int_param(2, 1, 3, "banks of token slots: collect, compute, return")
-    dtype: str = choice_param("int", ("int", "fp8_e4m3", "fp8_e5m2"),
-                              "expert datapath: integers, or FP8 codes")
+    dtype: str = choice_param("int", ("int", "fp8_e4m3", "fp8_e5m2", "bf16"),
+                              "expert datapath: integers, or FP8 or BF16 codes")
     acc_frac: int = like_param(SystolicTileConfig, "acc_frac")
     promote_every: int = like_param(SystolicTileConfig, "promote_every")
     combine_dtype: str = choice_param("int", ("int", "bf16", "fp32"),
@@ -543,14 +562,20 @@ class ExpertChipletConfig(PacketShape):
 
     def _check_float(self):
         if self.dtype == "int":
+            if self.in_width > INT_ACT_BITS:
+                raise param_error("in_width", self.in_width,
+                                  f"an integer in 2..{INT_ACT_BITS} with dtype 'int' (its "
+                                  f"activation table has 2**in_width entries)")
             if self.combine_dtype != "int":
                 raise param_error("combine_dtype", self.combine_dtype,
                                   "'int' with dtype 'int' (the return lanes are integers)")
             return
+        code_width = golden_fp.FORMATS[self.dtype].width
         for name in ("in_width", "w_width"):
-            if getattr(self, name) != 8:
+            if getattr(self, name) != code_width:
                 raise param_error(name, getattr(self, name),
-                                  f"8 with dtype {self.dtype} (its elements are FP8 codes)")
+                                  f"{code_width} with dtype {self.dtype} (its elements are "
+                                  "its codes)")
         if self.combine_dtype == "int":
             raise param_error("combine_dtype", self.combine_dtype,
                               f"'bf16' or 'fp32' with dtype {self.dtype}")
@@ -561,7 +586,7 @@ class ExpertChipletConfig(PacketShape):
         self.tile_config()                   # promote_every: the tile's rule
 
     def tile_config(self):
-        """The systolic tile: integers of ``tile_width`` bits, or the FP8 PEs with E8M0 scales
+        """The systolic tile: integers of ``tile_width`` bits, or the FP PEs with E8M0 scales
         (a promotion's scaling is then an exponent add, no multiplier)."""
         extra = {} if self.dtype == "int" else {
             "dtype": self.dtype, "acc_frac": self.acc_frac,
@@ -584,6 +609,14 @@ class ExpertChipletConfig(PacketShape):
     @property
     def tile_width(self):
         return max(self.in_width, self.w_width)
+
+    @property
+    def act_index_bits(self):
+        """Bits of an activation-table index: in_width, or a BF16 code's top 12
+        (``golden.moe_layer.act_index_drop``)."""
+        if self.dtype == "int":
+            return self.in_width
+        return self.in_width - golden.act_index_drop(self.dtype)
 
     def _banks(self):
         return 1 << ceil_log2(self.schedule.weight_lanes)
@@ -616,7 +649,7 @@ SCALE_MATRICES = ("gate", "up", "down")      # an expert's weight blocks, one E8
 def weights_layout(config):
     """A weight beat: ``slot``, ``expert`` (read on a load's first beat), with a floating-point
     ``dtype`` ``scale`` (the E8M0 scales of the expert's gate, up and down weight blocks, also
-    read on the first beat), ``data`` (n*C signed weights or FP8 codes, the tile-order layout
+    read on the first beat), ``data`` (n*C signed weights or FP codes, the tile-order layout
     of ``golden.moe_layer.weight_beats``), ``last``."""
     scale = {} if config.dtype == "int" else {
         "scale": data.StructLayout({name: 8 for name in SCALE_MATRICES})}
@@ -630,7 +663,7 @@ def weights_layout(config):
 
 
 def _element(config, width):
-    """An x, weight or table element: a signed integer, or an FP8 code (unsigned bits)."""
+    """An x, weight or table element: a signed integer, or an FP8/BF16 code (unsigned bits)."""
     return signed(width) if config.dtype == "int" else unsigned(width)
 
 
@@ -641,7 +674,7 @@ def assign_layout(config):
 
 
 def act_lut_layout(config):
-    return data.StructLayout({"index": config.in_width,
+    return data.StructLayout({"index": config.act_index_bits,
                               "value": _element(config, config.in_width)})
 
 
@@ -736,7 +769,9 @@ class ExpertChiplet(TieredComponent):
                     *[job.bank_pos[b].eq(b) for b in range(pmu_cfg.bank_bits)]]
 
         # --- activation table: 2**in_width signed entries, zero at start-up, kept through reset
-        lut = m.submodules.act_table = Memory(shape=_element(cfg, iw), depth=1 << iw, init=[])
+        # (floating point: indexed by a code's top act_index_bits, golden.moe_layer.activation)
+        lut = m.submodules.act_table = Memory(shape=_element(cfg, iw),
+                                              depth=1 << cfg.act_index_bits, init=[])
         lut_write = lut.write_port()
         m.d.comb += [self.act_lut.ready.eq(1), lut_write.en.eq(self.act_lut.valid),
                      lut_write.addr.eq(self.act_lut.payload.index),
@@ -1220,7 +1255,7 @@ class ExpertChiplet(TieredComponent):
         weighted_shape = unsigned(32) if floating else signed(product_bits)
         for j in range(C):
             # stage 2: the codes and the gate-weighted product of the row's value (floating
-            # point: an FP32 code cast to FP8 times 2**-shift, and times gate * 2**-gate_shift)
+            # point: an FP32 code cast to dtype times 2**-shift, and times gate * 2**-gate_shift)
             g_code2 = Signal(signed(iw), name=f"g_code2_{j}", reset_less=True)
             u_code2 = Signal(signed(iw), name=f"u_code2_{j}", reset_less=True)
             weighted2 = Signal(weighted_shape, name=f"weighted2_{j}", reset_less=True)
@@ -1239,7 +1274,8 @@ class ExpertChiplet(TieredComponent):
                     u_code2.eq(requant(m, value1[j], cfg.shift_u, iw, f"u_code_{j}")),
                     weighted2.eq(value1[j] * Cat(row_gate1, Const(0, 1)).as_signed())]
             # stage 3: the activation of the gate code, and the activation times up
-            m.d.comb += lut_reads[j].addr.eq(g_code2.as_unsigned())
+            # (a BF16 code: its top act_index_bits; the read and act3 map to a block RAM)
+            m.d.comb += lut_reads[j].addr.eq(g_code2.as_unsigned()[iw - cfg.act_index_bits:])
             old = Signal(signed(iw), name=f"h_old_{j}")
             m.d.comb += old.eq(select(Cat(head2.parity, row2), [
                 select(head2.chunk, [hbuf[q][i][cc * C + j] if cc * C + j < F else Const(0)

@@ -1,13 +1,13 @@
-"""Random and boundary FP8 codes for the benches of the floating-point datapaths (``dtype``
-fp8_e4m3 or fp8_e5m2): the codes of ``golden.fp``'s formats."""
+"""Random and boundary codes for the benches of the floating-point datapaths (``dtype``
+fp8_e4m3, fp8_e5m2 or bf16): the codes of ``golden.fp``'s formats."""
 
 import math
 
 from golden import fp as golden_fp
-from golden.moe_layer import NAN_SCALE, UNIT_SCALE
+from golden.moe_layer import FIXED_FRACTION, GATE_MAX_CODE, NAN_SCALE, UNIT_SCALE
 
 __all__ = ["random_code", "random_token", "extreme_codes", "largest_code", "random_scales",
-           "random_scale", "UNIT_SCALES"]
+           "random_scale", "gate_window_codes", "UNIT_SCALES"]
 
 UNIT_SCALES = {name: UNIT_SCALE for name in ("gate", "up", "down")}   # a weight load's default
 
@@ -15,15 +15,21 @@ UNIT_SCALES = {name: UNIT_SCALE for name in ("gate", "up", "down")}   # a weight
 def random_code(rng, dtype, spread, infinities=True):
     """A code: mostly a normal value of standard deviation ``spread`` (subnormals and zeros of
     both signs included), sometimes any finite code (up to the largest: the saturating paths),
-    rarely a NaN or (E5M2, with ``infinities``) an infinity."""
+    rarely a NaN or (E5M2 and BF16, with ``infinities``) an infinity."""
+    fmt = golden_fp.FORMATS[dtype]
+    sign = 1 << (fmt.width - 1)
     draw = rng.random()
     if draw < 0.01:
-        if dtype == "fp8_e4m3" or not infinities:
-            return rng.choice((0x7F, 0xFF) if dtype == "fp8_e4m3" else (0x7D, 0xFE))
-        return rng.choice((0x7C, 0xFC, 0x7D, 0xFE))
+        nans = [fmt.canonical_nan, fmt.canonical_nan | sign]
+        if fmt.ieee:
+            nans += [fmt.max_code + 2, (fmt.max_code + 2) | sign]   # another NaN payload
+        inf = fmt.max_code + 1
+        if not fmt.ieee or not infinities:
+            return rng.choice(nans)
+        return rng.choice(nans + [inf, inf | sign])
     if draw < 0.1:
         while True:
-            code = rng.randrange(256)
+            code = rng.randrange(1 << fmt.width)
             if math.isfinite(golden_fp.decode(code, dtype)):
                 return code
     return golden_fp.encode(rng.gauss(0.0, spread), dtype)
@@ -36,15 +42,30 @@ def largest_code(dtype):
 
 def extreme_codes(dtype):
     """The largest and least finite values, the smallest subnormals and the zeros."""
-    top = largest_code(dtype)
-    return (top, top | 0x80, 1, 0x81, 0, 0x80)
+    top, sign = largest_code(dtype), 1 << (golden_fp.FORMATS[dtype].width - 1)
+    return (top, top | sign, 1, 1 | sign, 0, sign)
+
+
+def gate_window_codes(dtype):
+    """Where the gate cuts a format to its fixed-point window (``golden.moe_layer.fixed_x``):
+    none for FP8 (exact); for BF16 each sign of the largest value kept (65280) and the next
+    (65536, saturated), and of 2**-16 (the window's unit), the codes either side of it
+    (truncated to 0 and to 1)."""
+    top = GATE_MAX_CODE[dtype]
+    if top == largest_code(dtype):
+        return ()
+    unit = golden_fp.encode(2.0 ** -FIXED_FRACTION[dtype], dtype)
+    sign = 1 << (golden_fp.FORMATS[dtype].width - 1)
+    return tuple(code | s for code in (top, top + 1, unit - 1, unit, unit + 1)
+                 for s in (0, sign))
 
 
 def random_token(rng, dtype, size, extremes=False, infinities=True):
     """``size`` codes: :func:`random_code` of spread 1, or (``extremes``) each one of
-    :func:`extreme_codes`."""
+    :func:`extreme_codes` and :func:`gate_window_codes`."""
     if extremes:
-        return [rng.choice(extreme_codes(dtype)) for _ in range(size)]
+        return [rng.choice(extreme_codes(dtype) + gate_window_codes(dtype))
+                for _ in range(size)]
     return [random_code(rng, dtype, 1.0, infinities) for _ in range(size)]
 
 

@@ -2,7 +2,7 @@
 
 Every dispatch flit is compared, in order, with the golden packet of its token (score codes,
 node-limited route, gate weights from the table as written, leaf mask, header and x flits; with
-an FP8 ``dtype`` the x codes, scored as ``golden.moe_layer.fixed_x``); with
+a floating-point ``dtype`` the x codes, scored as ``golden.moe_layer.fixed_x``); with
 every port ready the first flit leaves ``golden.moe_layer.gate_latency`` edges after the token's
 final x beat and the packets follow each other with no bubble.
 """

@@ -2,8 +2,8 @@
 
 Every return flit is compared, in order, with the golden return of its token: the sum over the
 token's chosen experts held by the chiplet of gate * FFN(x), rounded once to ``combine_width``
-(``golden.moe_layer.chiplet_return``); with an FP8 ``dtype``, the FP32 sum in slot order cast
-to the return lanes' format, bit for bit. Weights are loaded in the tile order of
+(``golden.moe_layer.chiplet_return``); with an FP8 or BF16 ``dtype``, the FP32 sum in slot
+order cast to the return lanes' format, bit for bit. Weights are loaded in the tile order of
 ``golden.moe_layer.weight_beats``.
 """
 
@@ -33,7 +33,7 @@ class ChipletBench(StreamBench):
         self.board = InOrderScoreboard("up", component.up.payload.shape())
         self.slot_expert = {}               # slot -> (expert, (wg, wu, wd)), after its load
         self.slot_scales = {}               # slot -> its weight-block scales (floating point)
-        self.act = [0] * (1 << config.in_width)
+        self.act = [0] * (1 << config.act_index_bits)
         self.tokens = 0
         self.token_slots = []               # per token sent: the slots its choices use
 

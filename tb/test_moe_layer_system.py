@@ -1,8 +1,8 @@
 """cocotb tests of ``moe_layer`` (gate -> NoP tree -> expert chiplets -> in-network combine)
 against the NumPy layer ``golden.moe_layer.layer``: y bit-exact for every token, each token
 exactly once (tokens leave the root in completion order, tagged with their id), and the tokens
-each chiplet received equal to the golden routing's. With an FP8 ``dtype``: x and the experts'
-weights are FP8 codes, y BF16 or FP32 codes combined in the tree's order.
+each chiplet received equal to the golden routing's. With an FP8 or BF16 ``dtype``: x and the
+experts' weights are its codes, y BF16 or FP32 codes combined in the tree's order.
 """
 
 import dataclasses

@@ -145,7 +145,7 @@ def test_node_limited_routing_keeps_the_token_within_its_groups(groups, topk_gro
 # experts and a shared one on leaf 5, 8 lanes, one header flit); FP8 x (E5M2: the widest
 # fixed-point values, 8-bit lanes that hold a code exactly, 3 lanes; E4M3 with a shared expert:
 # x's scale entry opens a second header flit, and a 20-bit accumulator that wraps, scaled by
-# every E8M0 code the bench draws, 0 and 254 among them).
+# every E8M0 code the bench draws, 0 and 254 among them); BF16 x.
 SIM_CONFIGS = [
     {},
     {"experts": 6, "k": 3, "groups": 3, "topk_groups": 2, "leaves": 3, "d_model": 5, "lanes": 2,
@@ -158,6 +158,9 @@ SIM_CONFIGS = [
      "acc_width": 48, "score_shift": 20},
     {"dtype": "fp8_e4m3", "experts": 5, "k": 2, "shared": 1, "shared_leaf": 1, "leaves": 2,
      "d_model": 3, "lanes": 3, "acc_width": 20, "score_shift": 6},
+    # BF16 x: cut to Q16.16 (truncated below 2**-16, saturated at 65280), 2 lanes
+    {"dtype": "bf16", "in_width": 16, "d_model": 5, "lanes": 2, "w_width": 6,
+     "acc_width": 40, "score_shift": 18},
 ]
 
 
@@ -181,6 +184,8 @@ COCOTB_TESTS = 9
     ({"data_width": 8, "gate_width": 8}, "data_width"),    # a header entry does not fit
     ({"experts": 6, "groups": 4}, "groups"),               # the router's rule, its message
     ({"k": 9}, "k"),
+    ({"dtype": "bf16"}, "in_width"),                       # 8 bits: not a BF16 code
+    ({"dtype": "fp8_e5m2", "in_width": 16}, "in_width"),   # 16 bits: not an FP8 code
 ])
 def test_gate_config_errors_name_the_parameter(params, name):
     with pytest.raises(ParamError, match=f"parameter '{name}'"):
@@ -362,14 +367,22 @@ CHIPLET_CONFIGS = [
     {"dtype": "fp8_e5m2", "combine_dtype": "fp32", "combine_width": 32, "acc_frac": 23,
      "promote_every": 0, "d_model": 6, "d_ff": 4, "rows": 2, "cols": 3, "batch": 4,
      "shift_g": 2, "shift_u": 2, "shift_h": 1},
+    # BF16 (16-bit codes in 16-bit lanes, the activation table cut to a code's top 12 bits)
+    # with BF16 returns, odd sizes (D = 5, F = 3, 2 lanes, a 2x3 tile of 2 arrays, batches
+    # of 3), promotion inside a dot (K = 3 per slice, every 2).
+    {"dtype": "bf16", "in_width": 16, "w_width": 16, "combine_dtype": "bf16",
+     "combine_width": 16, "d_model": 5, "d_ff": 3, "lanes": 2, "rows": 2, "cols": 3,
+     "arrays": 2, "batch": 3, "promote_every": 2, "shift_g": 1, "shift_u": 1, "shift_h": 0},
 ]
 CHIPLET_COCOTB_TESTS = 19
 # In `make sweep` only (make test's time budget, 2026-11-30): the defaults, which are the
 # chiplets of the layer's defaults that make test runs (every field equal:
 # test_layer_defaults_hold_default_chiplets_and_gate); E5M2 with FP32 returns (about 140 s of
 # make test, most of it on Icarus): make test keeps E5M2 in fp_dot and moe_gate, FP32 returns
-# in the NoP tree, and a floating-point chiplet in the FP8 layer's (E4M3, BF16 returns).
-CHIPLET_SWEEP = (0, 4)
+# in the NoP tree, and a floating-point chiplet in the FP8 layer's (E4M3, BF16 returns); BF16
+# (69 s, 46 of them on Icarus): make test keeps BF16 chiplets, their cut activation tables
+# included, in the BF16 layer's (FP32 returns), and BF16 returns in the FP8 layer.
+CHIPLET_SWEEP = (0, 4, 5)
 
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
@@ -460,7 +473,10 @@ def test_layer_3d_puts_every_scratchpad_bank_on_the_memory_die(tmp_path):
     ({"data_width": 6}, "data_width"),                     # narrower than in_width
     ({"slots": 8, "d_model": 64, "d_ff": 64, "cols": 1, "arrays": 1}, "slots"),
     ({"in_width": 11}, "in_width"),
-    ({"dtype": "bf16"}, "dtype"),                          # no 65,536-entry activation table
+    ({"in_width": 16}, "in_width"),                        # int: a 2**16-entry table
+    ({"dtype": "bf16", "combine_dtype": "bf16", "combine_width": 16}, "in_width"),  # 8 bits
+    ({"dtype": "bf16", "combine_dtype": "bf16", "combine_width": 16, "in_width": 16},
+     "w_width"),                                           # 8-bit weights: not BF16 codes
     ({"combine_dtype": "bf16", "combine_width": 16}, "combine_dtype"),   # int returns
     ({"dtype": "fp8_e4m3", "combine_width": 16}, "combine_dtype"),       # FP needs FP returns
     ({"dtype": "fp8_e5m2", "combine_dtype": "fp32"}, "combine_width"),   # 24: not its code
@@ -496,13 +512,21 @@ LAYER_CONFIGS = [
     # 1x2 tile: FP PEs side by side, each column with its own B lane and that slice's scale
     # (make test's only FP array wider than one column).
     {**FP8_LAYER, "rows": 1},
+    # BF16 x and experts (the gate's Q16.16 x, a 16-bit W_g into a 48-bit score accumulator;
+    # the chiplets' activation tables cut to a code's top 12 bits), FP32 returns added by a
+    # 2-way switch, 2 experts a chiplet, a 1x2 tile of one array.
+    {"dtype": "bf16", "in_width": 16, "w_width": 16, "combine_dtype": "fp32",
+     "combine_width": 32, "fanouts": (2,), "experts": 4, "slots": 2, "k": 2, "d_model": 3,
+     "d_ff": 2, "lanes": 2, "rows": 1, "cols": 2, "arrays": 1, "batch": 2,
+     "score_acc_width": 48, "score_shift": 28, "shift_g": 0, "shift_u": 1, "shift_h": 0,
+     "token_width": 5, "max_inflight": 16},
     # The demo's FP8 layer itself, its tile 2x2: in make sweep only (make test's time budget:
     # its suite took 167 s on Icarus, a one-row tile's 118 s). FP rows, each with its
     # row's scale, make test runs in test_systolic's BF16 tile of 2x1 arrays; `make demo`
     # runs this layer's bit-exact test on Verilator.
     FP8_LAYER,
 ]
-LAYER_SWEEP = (3,)
+LAYER_SWEEP = (4,)
 LAYER_COCOTB_TESTS = 15
 
 

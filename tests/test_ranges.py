@@ -10,6 +10,7 @@ once per distinct configuration.
 
 import dataclasses
 import itertools
+import re
 import resource
 
 import pytest
@@ -67,27 +68,64 @@ def _accepted(block, params):
     return True
 
 
+def _exhaustive(block, fields, name, value, most):
+    """The first accepted configuration with ``name=value`` and the fewest (up to ``most``)
+    other parameters moved to :func:`_candidates` values, trying every combination."""
+    others = [f for f in fields if f != name]
+    for count in range(most + 1):
+        for chosen in itertools.combinations(others, count):
+            for values in itertools.product(*(_candidates(fields[o]) for o in chosen)):
+                params = {name: value, **dict(zip(chosen, values))}
+                if _accepted(block, params):
+                    return params
+    return None
+
+
+def _guided(block, fields, name, value, most):
+    """Breadth first, up to ``most`` other parameters moved, each step moving only a
+    parameter the last rejection names (its culprit, or a field its message gives the rule
+    in terms of; at the start every field if it names none, later a dead end):
+    ``expert_chiplet dtype=bf16`` needs
+    four (in_width, w_width, combine_dtype, combine_width), where trying every combination
+    of four of its 30 fields would take hours."""
+    frontier, seen = [{name: value}], set()
+    for _ in range(most + 1):
+        following = []
+        for params in frontier:
+            try:
+                block.config(**params)
+                return params
+            except ParamError as error:
+                message = str(error)
+            named = re.findall(r"[a-z_]+", message.replace("allowed:", " "))
+            moves = [f for f in dict.fromkeys(named) if f in fields and f not in params]
+            if not moves and len(params) > 1:
+                continue                 # a rule among moved fields only: a dead end
+            for field in moves or [f for f in fields if f not in params]:
+                for candidate in _candidates(fields[field]):
+                    moved = {**params, field: candidate}
+                    key = tuple(sorted(moved.items()))
+                    if key not in seen:
+                        seen.add(key)
+                        following.append(moved)
+        frontier = following
+    return None
+
+
 def range_ends():
-    """``(block name, end label, params or None)`` for every end of every parameter range."""
+    """``(block name, end label, params or None)`` for every end of every parameter range:
+    the fewest other parameters moved, trying every combination of up to two; else
+    :func:`_guided`'s, up to four; else every combination of three (the rules whose
+    messages do not name the fields they need, ``data_width=2``'s; a rule that needs four
+    would make trying every combination of three take minutes)."""
     rows = []
     for block in all_blocks():
         fields = {f.name: f for f in dataclasses.fields(block.config)}
         for name, field in fields.items():
             for value in _ends(field):
-                others = [f for f in fields if f != name]
-                found = None
-                for count in range(5):
-                    for chosen in itertools.combinations(others, count):
-                        for values in itertools.product(*(_candidates(fields[o])
-                                                          for o in chosen)):
-                            params = {name: value, **dict(zip(chosen, values))}
-                            if _accepted(block, params):
-                                found = params
-                                break
-                        if found:
-                            break
-                    if found:
-                        break
+                found = _exhaustive(block, fields, name, value, 2) or \
+                    _guided(block, fields, name, value, 4) or \
+                    _exhaustive(block, fields, name, value, 3)
                 rows.append((block.name, f"{name}={value}", found))
     return rows
 
