@@ -60,13 +60,13 @@ def gate_window_codes(dtype):
                  for s in (0, sign))
 
 
-def random_token(rng, dtype, size, extremes=False, infinities=True):
-    """``size`` codes: :func:`random_code` of spread 1, or (``extremes``) each one of
+def random_token(rng, dtype, size, extremes=False, infinities=True, spread=1.0):
+    """``size`` codes: :func:`random_code` of ``spread``, or (``extremes``) each one of
     :func:`extreme_codes` and :func:`gate_window_codes`."""
     if extremes:
         return [rng.choice(extreme_codes(dtype) + gate_window_codes(dtype))
                 for _ in range(size)]
-    return [random_code(rng, dtype, 1.0, infinities) for _ in range(size)]
+    return [random_code(rng, dtype, spread, infinities) for _ in range(size)]
 
 
 def random_scale(rng):

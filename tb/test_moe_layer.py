@@ -7,6 +7,7 @@ every port ready the first flit leaves ``golden.moe_layer.gate_latency`` edges a
 final x beat and the packets follow each other with no bubble.
 """
 
+import math
 import time
 
 import cocotb
@@ -62,11 +63,24 @@ class GateBench(StreamBench):
     def random_x(self, extremes=False):
         dtype = self.cfg.dtype
         if dtype != "int":
-            return random_token(self.rng, dtype, self.cfg.d_model, extremes)
+            return random_token(self.rng, dtype, self.cfg.d_model, extremes,
+                                spread=self.x_spread())
         low, high = signed_limits(self.cfg.in_width)
         if extremes:
             return [self.rng.choice((low, high)) for _ in range(self.cfg.d_model)]
         return [self.rng.randint(low, high) for _ in range(self.cfg.d_model)]
+
+    def x_spread(self):
+        """Floating point: the spread of x's values at which a score's sum is about a quarter
+        of the codes' range, 2**(score_shift + score_width - 2), so that scores seldom
+        saturate and a product's low bits decide codes near the rounding point (x at spread 1
+        and a W_g weight of 2**(w_width - 1), D of them: 2**(FIXED_FRACTION + w_width - 1) *
+        sqrt(D)). A mutant with one product bit 8 stuck survived a BF16 gate at spread 1 and
+        score_shift 18."""
+        cfg = self.cfg
+        scale = cfg.score_shift + cfg.score_width - 2 - golden.FIXED_FRACTION[cfg.dtype] - \
+            (cfg.w_width - 1)
+        return 2.0 ** scale / math.sqrt(cfg.d_model)
 
     def send_token(self, token, x, last_beat=None, scale=None):
         """Queue a token's beats and its expected packet; ``last_beat`` misplaces ``last``
