@@ -16,8 +16,7 @@ def random_code(rng, dtype, spread, infinities=True):
     """A code: mostly a normal value of standard deviation ``spread`` (subnormals and zeros of
     both signs included), sometimes any finite code (up to the largest: the saturating paths),
     rarely a NaN or (E5M2 and BF16, with ``infinities``) an infinity."""
-    fmt = golden_fp.FORMATS[dtype]
-    sign = 1 << (fmt.width - 1)
+    fmt, sign = golden_fp.FORMATS[dtype], _sign_bit(dtype)
     draw = rng.random()
     if draw < 0.01:
         nans = [fmt.canonical_nan, fmt.canonical_nan | sign]
@@ -35,6 +34,10 @@ def random_code(rng, dtype, spread, infinities=True):
     return golden_fp.encode(rng.gauss(0.0, spread), dtype)
 
 
+def _sign_bit(dtype):
+    return 1 << (golden_fp.FORMATS[dtype].width - 1)
+
+
 def largest_code(dtype):
     """The largest finite positive value's code."""
     return golden_fp.FORMATS[dtype].max_code
@@ -42,7 +45,7 @@ def largest_code(dtype):
 
 def extreme_codes(dtype):
     """The largest and least finite values, the smallest subnormals and the zeros."""
-    top, sign = largest_code(dtype), 1 << (golden_fp.FORMATS[dtype].width - 1)
+    top, sign = largest_code(dtype), _sign_bit(dtype)
     return (top, top | sign, 1, 1 | sign, 0, sign)
 
 
@@ -55,9 +58,8 @@ def gate_window_codes(dtype):
     if top == largest_code(dtype):
         return ()
     unit = golden_fp.encode(2.0 ** -FIXED_FRACTION[dtype], dtype)
-    sign = 1 << (golden_fp.FORMATS[dtype].width - 1)
-    return tuple(code | s for code in (top, top + 1, unit - 1, unit, unit + 1)
-                 for s in (0, sign))
+    return tuple(code | sign for code in (top, top + 1, unit - 1, unit, unit + 1)
+                 for sign in (0, _sign_bit(dtype)))
 
 
 def random_token(rng, dtype, size, extremes=False, infinities=True, spread=1.0):

@@ -85,9 +85,9 @@ def _guided(block, fields, name, value, most):
     """Breadth first, up to ``most`` other parameters moved, each step moving only a
     parameter the last rejection names (its culprit, or a field its message gives the rule
     in terms of; at the start every field if it names none, later a dead end):
-    ``expert_chiplet dtype=bf16`` needs
-    four (in_width, w_width, combine_dtype, combine_width), where trying every combination
-    of four of its 30 fields would take hours."""
+    ``expert_chiplet dtype=bf16`` needs four (in_width, w_width, combine_dtype,
+    combine_width), where trying every combination of four of its 30 fields would take
+    hours."""
     frontier, seen = [{name: value}], set()
     for _ in range(most + 1):
         following = []
