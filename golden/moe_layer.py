@@ -37,20 +37,24 @@ header flits dropped, is y.
 
 Floating point (``dtype`` fp8_e4m3, fp8_e5m2 or bf16, issue 17): x, the FFN weights and the
 activation table hold codes of ``dtype`` (``golden.fp``'s formats and cast rule), with seed 003
-§3.1's fine-grained scales, E8M0 codes c of value 2**(c - 127) (255: NaN): each token one for x
-(``layer``'s ``x_scales``: D <= 64, so x is one 1 x 128 tile), and each expert one for each of
-its gate, up and down matrices (``w_scales``: each one 128 x 128 block). x's value is its codes
-times its scale; the packet carries the scale as one more header entry, after the choices
-(``header_flits(k + shared + 1, lanes)`` header flits).
+§3.1's fine-grained scales in ``scale_format``: E8M0 codes c of value 2**(c - 127) (255: NaN),
+or FP32 codes (``scale_value``). Each token has one for x (``layer``'s ``x_scales``: D <= 64, so
+x is one 1 x 128 tile), and each expert one for each of its gate, up and down matrices
+(``w_scales``: each one 128 x 128 block). x's value is its codes times its scale; the packet
+carries the scale after the choices, in ``scale_entries`` header entries of ``data_width``
+bits, low bits first (one for E8M0; ceil(32 / data_width) for FP32), so
+``header_flits(k + shared + scale_entries, lanes)`` header flits.
 
 1'. The gate stays in higher precision, as DeepSeek-V3 keeps its gating modules (seed 003
     §3.3): each x code is taken as a fixed-point integer ``fixed_x`` = value *
     2**FIXED_FRACTION[dtype] (FP8 exactly: the smallest subnormal is 1; BF16 in Q16.16,
     truncated toward zero and saturated at 65280; NaN as 0, an infinity as the largest
     value), and steps 1-4 run on those integers with the integer W_g.
-2'. The token's scale c moves the score's rounding: ``s_e = scaled_requant(raw_e, score_shift
-    - (c - 127), score_width) + 2**(score_width-1)``, a negative shift being a left shift that
-    saturates; a NaN scale makes every raw_e 0.
+2'. The token's scale, taken as ``(-1)**sign * m * 2**x`` with an integer m (``gate_scale``:
+    E8M0 m = 1, x = c - 127; FP32 its 24-bit significand and exponent, an infinity as the
+    largest finite FP32 value of its sign), gives ``s_e = scaled_requant(raw_e * (+-m),
+    score_shift - x, score_width) + 2**(score_width-1)``: the exact product rounded once, a
+    negative shift being a left shift that saturates; a NaN scale makes every raw_e 0.
 
 5'. ``g = scale_cast(Wg·x, fp32, dtype, shift_g)`` and ``u`` likewise with ``shift_u``, where a
     product ``W·x`` is the chiplet's systolic tile in floating point
@@ -84,23 +88,64 @@ __all__ = ["MoELayer", "score_codes", "gate_weights", "dispatch_flits", "parse_h
            "chiplet_stream_returns", "chiplet_stream_edges",
            "gate_latency", "ChipletShape", "weight_beats", "chiplet_figures",
            "chiplet_batch_edges", "community_workload", "placements", "stream_order",
-           "RESULT_STAGES", "A_SLICE_EDGES", "scaled_requant", "UNIT_SCALE", "NAN_SCALE"]
+           "RESULT_STAGES", "A_SLICE_EDGES", "scaled_requant", "UNIT_SCALE", "NAN_SCALE",
+           "SCALE_FORMATS", "unit_scale", "scale_bits", "scale_value", "scale_entries",
+           "gate_scale"]
 
 UNIT_SCALE = 127                                    # E8M0: 2**(127 - 127)
 NAN_SCALE = 255                                     # E8M0's one NaN
+SCALE_FORMATS = ("e8m0", "fp32")                    # the formats of a scale (seed 003 §3.1)
+FP32_LARGEST = (0xFFFFFF, 127 - 23)                 # FP32's largest finite: m, x
 
 
-def score_codes(x, wg, acc_width, score_shift, score_width, scale=None):
+def unit_scale(scale_format="e8m0"):
+    """The code of a unit scale (1.0)."""
+    return UNIT_SCALE if scale_format == "e8m0" else fp.encode(1.0, "fp32")
+
+
+def scale_bits(scale_format="e8m0"):
+    """Bits of a scale code."""
+    return 8 if scale_format == "e8m0" else 32
+
+
+def scale_value(code, scale_format="e8m0"):
+    """A scale code's value (a float; NaN for a NaN code)."""
+    return fp.e8m0_decode(code) if scale_format == "e8m0" else fp.decode(code, "fp32")
+
+
+def scale_entries(scale_format, data_width):
+    """Header entries of x's scale: its code's bits over ``data_width``-bit lanes."""
+    return -(-scale_bits(scale_format) // data_width)
+
+
+def gate_scale(code, scale_format="e8m0"):
+    """``(multiplier, exponent)`` of a scale as the gate applies it (step 2'): the value is
+    ``multiplier * 2**exponent`` with a signed integer multiplier (E8M0: 1; FP32: its signed
+    24-bit significand); an FP32 infinity as the largest finite value of its sign; None for
+    NaN."""
+    if scale_format == "e8m0":
+        return None if code == NAN_SCALE else (1, code - UNIT_SCALE)
+    kind, sign, m, x = fp.components(code, "fp32")
+    if kind == "nan":
+        return None
+    if kind == "inf":
+        m, x = FP32_LARGEST
+    return (-m if sign else m), x
+
+
+def score_codes(x, wg, acc_width, score_shift, score_width, scale=None, scale_format="e8m0"):
     """Unsigned router codes of one token (steps 1-2); ``wg`` is D x E. Floating point: the
-    token's E8M0 ``scale`` c multiplies each wrapped sum by 2**(c - 127) before the rounding
-    (step 2'); NaN (255) makes every sum 0."""
+    token's ``scale`` (a ``scale_format`` code) multiplies each wrapped sum before the one
+    rounding (step 2', ``gate_scale``); NaN makes every sum 0."""
     raw = np.asarray(x, dtype=object).dot(np.asarray(wg, dtype=object))
     bias = 1 << (score_width - 1)
-    if scale is None or scale == UNIT_SCALE:
+    if scale is None:
         return [ndp.requant(wrap(v, acc_width), score_shift, score_width) + bias for v in raw]
-    if scale == NAN_SCALE:
+    parts = gate_scale(scale, scale_format)
+    if parts is None:
         return [ndp.requant(0, score_shift, score_width) + bias for _ in raw]
-    return [scaled_requant(wrap(v, acc_width), score_shift - (scale - UNIT_SCALE), score_width)
+    multiplier, exponent = parts
+    return [scaled_requant(wrap(v, acc_width) * multiplier, score_shift - exponent, score_width)
             + bias for v in raw]
 
 
@@ -121,19 +166,26 @@ def header_flits(k, lanes):
     return -(-k // lanes)
 
 
-def gate_latency(k, groups, topk_groups):
+def gate_latency(k, groups, topk_groups, scale_format="e8m0"):
     """``moe_gate``: edges from a token's final x beat to its first flit, every port ready: the
-    beat and W_g word registers (1), the products (1), their sums (1), the totals (1), the
-    codes register (1), the router (``router.pipeline_latency``), the packet former (1)."""
-    return 5 + router.pipeline_latency(k, groups, topk_groups) + 1
+    beat and W_g word registers (1), the products (1), their sums (1), the totals (1), with
+    FP32 scales the totals times x's scale (1), the codes register (1), the router
+    (``router.pipeline_latency``), the packet former (1)."""
+    scaled = 1 if scale_format == "fp32" else 0
+    return 5 + scaled + router.pipeline_latency(k, groups, topk_groups) + 1
 
 
-def dispatch_flits(experts, gates, x, lanes, gate_width, scale=None):
+def dispatch_flits(experts, gates, x, lanes, gate_width, scale=None, scale_format="e8m0",
+                   data_width=32):
     """The flits of one token's dispatch packet (header, then x), as lists of lane values
-    (header entries as their unsigned bits). Floating point: x's E8M0 ``scale`` code is one
-    more header entry, after the choices."""
+    (header entries as their unsigned bits). Floating point: x's ``scale`` code (of
+    ``scale_format``) follows the choices, in ``scale_entries`` entries of ``data_width`` bits,
+    low bits first."""
     entries = [(int(expert) << gate_width) | int(gate) for expert, gate in zip(experts, gates)]
-    entries += [] if scale is None else [int(scale)]
+    if scale is not None:
+        pieces = scale_entries(scale_format, data_width)
+        mask = (1 << data_width) - 1
+        entries += [(int(scale) >> (p * data_width)) & mask for p in range(pieces)]
     count = header_flits(len(entries), lanes)
     header = [[0] * lanes for _ in range(count)]
     for j, entry in enumerate(entries):
@@ -193,8 +245,9 @@ class MoELayer:
     slot_of: tuple = ()          # floating point: each expert's slot on its chiplet (the order
     fanouts: tuple = ()          # a chiplet adds its experts in; default ascending) and the
                                  # NoP tree (the order the switches add the returns in)
-    w_scales: tuple = ()         # floating point: per expert the E8M0 scale codes of its gate,
-                                 # up and down weight blocks (default: unit, 127)
+    w_scales: tuple = ()         # floating point: per expert the scale codes of its gate,
+                                 # up and down weight blocks (default: unit),
+    scale_format: str = "e8m0"   # in this format (and x's): e8m0 or fp32
 
     @property
     def routed(self):
@@ -216,12 +269,12 @@ class MoELayer:
 
     def ffn(self, expert, x, x_scale=None):
         """y of expert e for x: integers (step 5), or FP32 codes (step 5'; ``x_scale`` x's
-        E8M0 scale code, default unit)."""
+        scale code, default unit)."""
         wg, wu, wd = self.experts[expert]
         if self.dtype != "int":
-            scales = self.w_scales[expert] if self.w_scales else (UNIT_SCALE,) * 3
-            return _fp_ffn(self, (wg, wu, wd), scales, x,
-                           UNIT_SCALE if x_scale is None else x_scale)
+            unit = unit_scale(self.scale_format)
+            scales = self.w_scales[expert] if self.w_scales else (unit,) * 3
+            return _fp_ffn(self, (wg, wu, wd), scales, x, unit if x_scale is None else x_scale)
         return ndp.ffn_expert(wg, wu, wd, x, self.act_lut, self.shifts, self.in_width,
                               self.acc_width)
 
@@ -292,7 +345,7 @@ def activation(model, code):
 
 
 def _fp_matvec(model, matrix, vector, scale, vector_scale):
-    """``matrix · vector`` (codes of ``dtype``; ``scale`` the matrix's E8M0 block scale code,
+    """``matrix · vector`` (codes of ``dtype``; ``scale`` the matrix's block scale code,
     ``vector_scale`` the vector's) as the chiplet's floating-point tile computes it: FP32
     codes, one per row of the matrix."""
     n, size = model.tile_arrays, len(vector)
@@ -308,8 +361,10 @@ def _fp_matvec(model, matrix, vector, scale, vector_scale):
                 for s in range(n)]
     blocks = [-(-depth // config.scale_block)]
     return fp_tile_result(a_slices, b_slices, model.dtype, config,
-                          [[[fp.e8m0_decode(vector_scale)] * blocks[0]] for _ in range(n)],
-                          [[fp.e8m0_decode(scale)] * blocks[0] for _ in range(n)])[0]
+                          [[[scale_value(vector_scale, model.scale_format)] * blocks[0]]
+                           for _ in range(n)],
+                          [[scale_value(scale, model.scale_format)] * blocks[0]
+                           for _ in range(n)])[0]
 
 
 def _fp_ffn(model, matrices, scales, x, x_scale):
@@ -322,7 +377,8 @@ def _fp_ffn(model, matrices, scales, x, x_scale):
          for v in _fp_matvec(model, wu, x, scale_u, x_scale)]
     h = [fp.multiply(activation(model, a), dtype, b, dtype, dtype, shift_h)
          for a, b in zip(g, u)]
-    return _fp_matvec(model, wd, h, scale_d, UNIT_SCALE)        # (h: codes at their values)
+    return _fp_matvec(model, wd, h, scale_d,                   # (h: codes at their values)
+                      unit_scale(model.scale_format))
 
 
 def chiplet_return(model, leaf, choices, x, order=None, x_scale=None):
@@ -330,7 +386,7 @@ def chiplet_return(model, leaf, choices, x, order=None, x_scale=None):
     aggregated values, one per element of x. ``choices``: ``[(expert, gate)]`` of the token;
     ``order``: the chiplet's experts in the order it applies them (default: by
     ``model.slot_of``, else ascending), which only floating point depends on, as on
-    ``x_scale`` (x's E8M0 scale code, default unit)."""
+    ``x_scale`` (x's scale code, default unit)."""
     held = [(e, g) for e, g in choices if model.placement[e] == leaf]
     if model.dtype != "int":
         if order is not None:
@@ -364,7 +420,7 @@ def layer(model, tokens, x_scales=None):
     tokens : list of list of int
         The batch, in arrival order.
     x_scales : list of int, optional
-        Floating point: each token's E8M0 scale code (default unit, 127).
+        Floating point: each token's scale code (``model.scale_format``; default unit).
 
     Returns
     -------
@@ -380,10 +436,11 @@ def layer(model, tokens, x_scales=None):
     per_expert = expert_macs(model.d_model, model.d_ff)
     floating = model.dtype != "int"
     for index, x in enumerate(tokens):
-        x_scale = UNIT_SCALE if x_scales is None else x_scales[index]
+        x_scale = unit_scale(model.scale_format) if x_scales is None else x_scales[index]
         gate_x = [fixed_x(code, model.dtype) for code in x] if floating else x
         codes = score_codes(gate_x, model.wg, model.score_acc_width, model.score_shift,
-                            model.score_width, x_scale if floating else None)
+                            model.score_width, x_scale if floating else None,
+                            model.scale_format)
         experts, _ = router.route(codes, model.k, model.groups, model.topk_groups)
         gates = gate_weights(codes, experts, model.gate_lut)
         choices = model.choices(experts, gates)
@@ -411,7 +468,9 @@ def _float_combine(model, mask, choices, x, x_scale):
     (``golden.nop.combine``: each switch adds its children's in child order, each addition
     rounded); y is the combined packet's x positions. (The packet's header: the choices and
     x's scale.)"""
-    lanes, head = model.lanes, header_flits(len(choices) + 1, model.lanes)
+    lanes = model.lanes
+    entries = len(choices) + scale_entries(model.scale_format, model.data_width)
+    head = header_flits(entries, lanes)
     flits = head + -(-len(x) // lanes)
 
     def leaf_output(leaf, packet):

@@ -57,11 +57,34 @@ PLAN_DEPTH = golden.PLAN_DEPTH   # expert_chiplet: tile phases planned (weight j
 class PacketShape:
     """The dispatch packet's shape, for a config with ``k``, ``lanes`` and ``d_model`` (and
     ``shared``: a shared expert's header entry after the k routed ones; a floating-point
-    ``dtype``: x's E8M0 scale, the last header entry)."""
+    ``dtype``: x's scale code, the last ``scale_entries`` header entries, low bits first)."""
+
+    @property
+    def scale_entries(self):
+        """Header entries of x's scale: none for integers, else its code's bits over the
+        ``data_width``-bit lanes (E8M0: one; FP32: ceil(32 / data_width))."""
+        if getattr(self, "dtype", "int") == "int":
+            return 0
+        return golden.scale_entries(self.scale_format, self.data_width)
+
+    @property
+    def scale_bits(self):
+        """Bits of a scale code (8 for E8M0, 32 for FP32)."""
+        return golden.scale_bits(self.scale_format)
+
+    @property
+    def unit_scale(self):
+        """The code of a unit scale in ``scale_format``."""
+        return golden.unit_scale(self.scale_format)
+
+    def _check_scale_format(self):
+        if self.scale_format != "e8m0" and self.dtype == "int":
+            raise param_error("scale_format", self.scale_format,
+                              "'e8m0' with dtype 'int' (integers carry no scales)")
 
     @property
     def header_entries(self):
-        return self.k + getattr(self, "shared", 0) + (getattr(self, "dtype", "int") != "int")
+        return self.k + getattr(self, "shared", 0) + self.scale_entries
 
     @property
     def header_flits(self):
@@ -106,6 +129,10 @@ class MoEGateConfig(PacketShape):
         16 for BF16), taken as fixed-point integers for the scores
         (``golden.moe_layer.fixed_x``: FP8 exactly, BF16 in Q16.16); W_g stays integer (the
         gate in higher precision, as seed 003 §3.3 keeps it).
+    scale_format : str
+        Floating point: the format of x's scale, ``e8m0`` (a power of two: the score's
+        rounding moves) or ``fp32`` (the totals are multiplied by its 24-bit significand, one
+        more pipeline stage; it rides in ceil(32 / data_width) header entries).
     """
     experts: int = int_param(8, 2, 64, "E, experts")
     k: int = int_param(2, 1, 8, "experts chosen per token")
@@ -126,9 +153,12 @@ class MoEGateConfig(PacketShape):
     shared_leaf: int = int_param(0, 0, 63, "leaf of the shared expert")
     dtype: str = choice_param("int", ("int", "fp8_e4m3", "fp8_e5m2", "bf16"),
                               "x elements: integers, or FP8 or BF16 codes")
+    scale_format: str = choice_param("e8m0", golden.SCALE_FORMATS,
+                                     "floating point: format of the scales (x's, weights')")
 
     def __post_init__(self):
         validate(self)
+        self._check_scale_format()
         if self.dtype != "int":
             width = golden_fp.FORMATS[self.dtype].width
             if self.in_width != width:
@@ -163,9 +193,9 @@ class MoEGateConfig(PacketShape):
 
 
 def x_layout(config):
-    """An x beat: ``token``, with a floating-point ``dtype`` ``scale`` (x's E8M0 scale, read on
-    the token's first beat), ``data`` (L elements), ``last``."""
-    scale = {} if config.dtype == "int" else {"scale": 8}
+    """An x beat: ``token``, with a floating-point ``dtype`` ``scale`` (x's scale code, 8 or 32
+    bits, read on the token's first beat), ``data`` (L elements), ``last``."""
+    scale = {} if config.dtype == "int" else {"scale": config.scale_bits}
     return data.StructLayout({"token": config.token_width, **scale,
                               "data": data.ArrayLayout(_element(config, config.in_width),
                                                        config.lanes),
@@ -293,22 +323,28 @@ class MoEGate(ConfiguredComponent):
         read = weights.read_port(transparent_for=())
         acc = [Signal(signed(cfg.acc_width), name=f"acc_{e}") for e in range(E)]
         floating = cfg.dtype != "int"
+        fp32_scale = floating and cfg.scale_format == "fp32"
+        SB = cfg.scale_bits
         # Floating point: the token's scale, its first beat's, goes with every beat (into the
         # score pipeline, and into the x FIFO, whose head is the token's first beat when its
         # header leaves).
         scale_now = Const(UNIT_SCALE, 8)
         if floating:
-            first_scale = Signal(8, name="first_scale", reset_less=True)
+            first_scale = Signal(SB, name="first_scale", reset_less=True)
             scale_now = Mux(beat == 0, self.x.payload.scale, first_scale)
             with m.If(self.x.valid & self.x.ready & (beat == 0)):
                 m.d.sync += first_scale.eq(self.x.payload.scale)
         x_bits = L * cfg.in_width
+        # (the FIFO holds a token's beats until its header leaves: the stages from its final
+        # beat to the router's output, plus a margin)
         fifo = m.submodules.x_fifo = SyncFIFOBuffered(
-            width=x_bits + (8 if floating else 0), depth=B * (cfg.router_config().latency + 7))
+            width=x_bits + (SB if floating else 0),
+            depth=B * (cfg.router_config().latency + 7 + fp32_scale))
         scores = router.scores
         totals_final = Signal()
+        scaled_final = Signal()          # (FP32 scales: the stage after the totals)
         advance = Signal()
-        m.d.comb += advance.eq(~(totals_final & scores.valid))
+        m.d.comb += advance.eq(~((scaled_final if fp32_scale else totals_final) & scores.valid))
         pipe = StallPipe(advance)
         m.d.comb += [self.x.ready.eq(fifo.w_rdy & advance), read.addr.eq(beat),
                      read.en.eq(advance)]
@@ -357,10 +393,38 @@ class MoEGate(ConfiguredComponent):
         pipe.add(totals_final.eq(sums_valid & sums_final))
         totals_token = pipe.reg(sums_token, "totals_token")
         totals_scale = pipe.reg(sums_scale, "totals_scale") if floating else None
+        final_stage, final_token = totals_final, totals_token
+        if fp32_scale:
+            # An FP32 scale (golden.moe_layer.gate_scale): the totals times its signed 24-bit
+            # significand, registered (a 48 x 25 multiply has a cycle of its own), its
+            # exponent beside them; an infinity as the largest finite value, NaN as 0.
+            nan, inf, sign, mantissa, exponent = fp_fields(
+                m, totals_scale, golden_fp.FORMATS["fp32"], "x_scale")
+            largest_m, largest_x = golden.FP32_LARGEST
+            magnitude = Mux(inf, largest_m, mantissa)
+            multiplier = Signal(signed(len(mantissa) + 1), name="x_scale_multiplier")
+            m.d.comb += multiplier.eq(Mux(nan, 0, Mux(sign, -magnitude, magnitude)))
+            totals = [pipe.reg((total * multiplier).as_signed(), f"scaled_{e}")
+                      for e, total in enumerate(totals)]
+            scaled_exponent = pipe.reg(Mux(inf, largest_x, exponent), "scaled_exponent")
+            pipe.add(scaled_final.eq(totals_final))
+            final_stage = scaled_final
+            final_token = pipe.reg(totals_token, "scaled_token")
         pipe.emit(m)
         with m.If(scores.ready):
             m.d.sync += scores.valid.eq(0)
-        if floating:
+        if fp32_scale:
+            # The exponent x moves the rounding by x bits, as an E8M0 scale's (below): the
+            # product shifted up by A first, the right shift score_shift - x + A clamped.
+            up = cfg.score_width + 1
+            width = len(totals[0])
+            amount = Signal(signed(11), name="score_shift_amount")
+            shift = Signal(range(width + up + 2), name="score_shift_scaled")
+            m.d.comb += [amount.eq(cfg.score_shift + up - scaled_exponent),
+                         shift.eq(Mux(amount < 0, 0, Mux(amount > width + up + 1,
+                                                         width + up + 1, amount)))]
+            nan_scale = Const(0)                       # (NaN: a zero multiplier, above)
+        elif floating:
             # The scale c moves the rounding by c - 127 bits (golden.moe_layer.scaled_requant):
             # the total is shifted up by A = score_width + 1 first, so that the run-time right
             # shift u = score_shift - (c - 127) + A is never negative once clamped at 0 (a
@@ -373,17 +437,17 @@ class MoEGate(ConfiguredComponent):
                          shift.eq(Mux(amount < 0, 0, Mux(amount > cfg.acc_width + up + 1,
                                                          cfg.acc_width + up + 1, amount)))]
             nan_scale = totals_scale == NAN_SCALE
-        with m.If(advance & totals_final):
+        with m.If(advance & final_stage):
             bias = 1 << (cfg.score_width - 1)
             for e, total in enumerate(totals):
                 if floating:
-                    raised = Signal(signed(cfg.acc_width + up), name=f"raised_{e}")
+                    raised = Signal(signed(len(total) + up), name=f"raised_{e}")
                     m.d.comb += raised.eq(Mux(nan_scale, 0, total << up))
                     code = requant(m, raised, shift, cfg.score_width, f"code_{e}")
                 else:
                     code = requant(m, total, cfg.score_shift, cfg.score_width, f"code_{e}")
                 m.d.sync += scores.payload.score[e].eq(code + bias)
-            m.d.sync += [scores.valid.eq(1), scores.payload.token.eq(totals_token)]
+            m.d.sync += [scores.valid.eq(1), scores.payload.token.eq(final_token)]
 
         # Packet former: one route at a time, H header flits then B x flits.
         route = router.route
@@ -396,8 +460,10 @@ class MoEGate(ConfiguredComponent):
         if cfg.shared:                                 # expert E, the largest gate weight
             entries.append(Const((cfg.experts << cfg.gate_width) | ((1 << cfg.gate_width) - 1),
                                  cfg.data_width))
-        if floating:                                   # x's scale, from the FIFO's head
-            entries.append(fifo.r_data[x_bits:])
+        if floating:               # x's scale, from the FIFO's head, low bits first
+            dw = cfg.data_width
+            entries += [fifo.r_data[x_bits + p * dw:min(x_bits + (p + 1) * dw, x_bits + SB)]
+                        for p in range(cfg.scale_entries)]
         out = self.packet
         in_header = flit < H
         last_flit = flit == H + B - 1
@@ -493,12 +559,16 @@ class ExpertChipletConfig(PacketShape):
         The expert datapath: ``int`` (the default: the integer datapath above), or
         ``fp8_e4m3``/``fp8_e5m2``/``bf16``: x, weights, activations and h are codes of it
         (in_width and w_width its width, 8 or 16), the tile's PEs floating point
-        (``acc_frac``, ``promote_every``; E8M0 scales: x's from its packet's last header
-        entry, each weight block's from its load), the shifts powers of two folded into each
-        rounding; the activation table indexed by a code's top ``ACT_INDEX_BITS`` (12) bits
-        (all of an FP8 code).
+        (``acc_frac``, ``promote_every``; ``scale_format`` scales: x's from its packet's last
+        header entries, each weight block's from its load), the shifts powers of two folded
+        into each rounding; the activation table indexed by a code's top ``ACT_INDEX_BITS``
+        (12) bits (all of an FP8 code).
     acc_frac, promote_every : int
         Floating point: the tile's accumulator fraction bits and promotion interval.
+    scale_format : str
+        Floating point: the scales' format, ``e8m0`` (a promotion's scaling an exponent add)
+        or ``fp32`` (the tile's PEs multiply by them; x's scale in ceil(32 / data_width)
+        header entries).
     combine_dtype : str
         The return lanes: ``int`` (signed ``combine_width`` bits) with an int ``dtype``;
         ``bf16`` or ``fp32`` codes (``combine_width`` 16 or 32) with a floating-point one.
@@ -535,12 +605,14 @@ class ExpertChipletConfig(PacketShape):
                               "expert datapath: integers, or FP8 or BF16 codes")
     acc_frac: int = like_param(SystolicTileConfig, "acc_frac")
     promote_every: int = like_param(SystolicTileConfig, "promote_every")
+    scale_format: str = like_param(MoEGateConfig, "scale_format")
     combine_dtype: str = choice_param("int", ("int", "bf16", "fp32"),
                                       "return lanes: integers, or BF16/FP32 codes")
     pe_stages: int = like_param(SystolicTileConfig, "pe_stages")
 
     def __post_init__(self):
         validate(self)
+        self._check_scale_format()
         self._check_float()
         if self.k > self.experts:
             raise param_error("k", self.k, f"an integer in 1..experts (1..{self.experts})")
@@ -586,11 +658,11 @@ class ExpertChipletConfig(PacketShape):
         self.tile_config()                   # promote_every: the tile's rule
 
     def tile_config(self):
-        """The systolic tile: integers of ``tile_width`` bits, or the FP PEs with E8M0 scales
-        (a promotion's scaling is then an exponent add, no multiplier)."""
+        """The systolic tile: integers of ``tile_width`` bits, or the FP PEs with
+        ``scale_format`` scales (E8M0: a promotion's scaling an exponent add, no multiplier)."""
         extra = {} if self.dtype == "int" else {
             "dtype": self.dtype, "acc_frac": self.acc_frac,
-            "promote_every": self.promote_every, "scale_format": "e8m0"}
+            "promote_every": self.promote_every, "scale_format": self.scale_format}
         return SystolicTileConfig(rows=self.rows, cols=self.cols, arrays=self.arrays,
                                   in_width=self.tile_width, acc_width=self.acc_width,
                                   pe_stages=self.pe_stages, **extra)
@@ -643,16 +715,16 @@ class ExpertChipletConfig(PacketShape):
                                      combine_dtype=self.combine_dtype)
 
 
-SCALE_MATRICES = ("gate", "up", "down")      # an expert's weight blocks, one E8M0 scale each
+SCALE_MATRICES = ("gate", "up", "down")      # an expert's weight blocks, one scale each
 
 
 def weights_layout(config):
     """A weight beat: ``slot``, ``expert`` (read on a load's first beat), with a floating-point
-    ``dtype`` ``scale`` (the E8M0 scales of the expert's gate, up and down weight blocks, also
-    read on the first beat), ``data`` (n*C signed weights or FP codes, the tile-order layout
-    of ``golden.moe_layer.weight_beats``), ``last``."""
+    ``dtype`` ``scale`` (the ``scale_format`` codes of the expert's gate, up and down weight
+    blocks, also read on the first beat), ``data`` (n*C signed weights or FP codes, the
+    tile-order layout of ``golden.moe_layer.weight_beats``), ``last``."""
     scale = {} if config.dtype == "int" else {
-        "scale": data.StructLayout({name: 8 for name in SCALE_MATRICES})}
+        "scale": data.StructLayout({name: config.scale_bits for name in SCALE_MATRICES})}
     return data.StructLayout({
         "slot": max(1, ceil_log2(config.slots)),
         "expert": max(1, ceil_log2(config.experts)),
@@ -746,7 +818,7 @@ class ExpertChiplet(TieredComponent):
         # belongs to. The tile takes an a beat and a b beat together (its join), so the b
         # beat the tile takes beside this a beat gets that scale (the b beats come from the
         # scratchpad's read queue, which does not know their phase).
-        w_scale_field = {"w_scale": 8} if floating else {}
+        w_scale_field = {"w_scale": cfg.scale_bits} if floating else {}
         a_slice = m.submodules.a_slice = RegisterSlice(data.StructLayout({
             "beat": tile.a.payload.shape(), "phase_last": 1, **w_scale_field}))
         m.d.comb += [tile.a.valid.eq(a_slice.o.valid), tile.a.payload.eq(a_slice.o.payload.beat),
@@ -807,9 +879,10 @@ class ExpertChiplet(TieredComponent):
                 for s in range(S)]
         tag_set = [Signal(name=f"tag_set_{s}", reset_less=True) for s in range(S)]
         loaded = [Signal(name=f"loaded_{s}", reset_less=True) for s in range(S)]
-        # Floating point: each slot's E8M0 weight-block scales (gate, up, down), from its
-        # load's first beat; unit at start-up, kept through reset like the weights.
-        w_scales = [[Signal(8, init=UNIT_SCALE, name=f"w_scale_{s}_{name}", reset_less=True)
+        # Floating point: each slot's weight-block scales (gate, up, down), from its load's
+        # first beat; unit at start-up, kept through reset like the weights.
+        w_scales = [[Signal(cfg.scale_bits, init=cfg.unit_scale, name=f"w_scale_{s}_{name}",
+                            reset_less=True)
                      for name in SCALE_MATRICES] for s in range(S)] if floating else []
 
         # Per token of the batch: id, x, the gate-weighted sums.
@@ -820,8 +893,8 @@ class ExpertChiplet(TieredComponent):
         tok_id = [Signal(cfg.token_width, name=f"token_{t}", reset_less=True) for t in range(TT)]
         x = [[Signal(signed(iw), name=f"x_{t}_{d}", reset_less=True) for d in range(D)]
              for t in range(TT)]
-        # (floating point: x's E8M0 scale, the packet's last header entry)
-        x_scale = [Signal(8, name=f"x_scale_{t}", reset_less=True)
+        # (floating point: x's scale, the packet's last header entries)
+        x_scale = [Signal(cfg.scale_bits, name=f"x_scale_{t}", reset_less=True)
                    for t in range(TT)] if floating else []
         # (floating point: FP32 codes, +0 when a token arrives)
         sum_shape = unsigned(32) if floating else signed(sum_bits)
@@ -987,12 +1060,16 @@ class ExpertChiplet(TieredComponent):
                                 if b * L + lane < D:
                                     m.d.sync += x[t][b * L + lane].eq(
                                         down.payload.data[lane][:iw])
-                    if floating:                   # (unit in a packet that ends before it)
-                        entry = cfg.header_entries - 1
+                    if floating:         # (unit in a packet that ends before its entries)
                         with m.If(first):
-                            m.d.sync += x_scale[t].eq(UNIT_SCALE)
-                        with m.If(flit == entry // L):
-                            m.d.sync += x_scale[t].eq(down.payload.data[entry % L][:8])
+                            m.d.sync += x_scale[t].eq(cfg.unit_scale)
+                        dw, SE = cfg.data_width, cfg.scale_entries
+                        for p in range(SE):   # piece p: entry k' + p, bits p*dw and up
+                            entry = cfg.header_entries - SE + p
+                            bits = min(dw, cfg.scale_bits - p * dw)
+                            with m.If(flit == entry // L):
+                                m.d.sync += x_scale[t][p * dw:p * dw + bits].eq(
+                                    down.payload.data[entry % L][:bits])
         close = Signal()                               # the collecting bank's batch closes
         # The planner is free to take a bank at this edge (the edge it finishes draining
         # included), and the next bank it takes is `r_next`.
@@ -1180,7 +1257,7 @@ class ExpertChiplet(TieredComponent):
                            for scale in tile.b.payload.scale]]
             for i in range(R):
                 row_scale = Mux((i < phase.rows) & ~phase.down,
-                                row_select(phase.token[i], i, x_scale), UNIT_SCALE)
+                                row_select(phase.token[i], i, x_scale), cfg.unit_scale)
                 m.d.comb += [a_beat.scale[sl * R + i].eq(row_scale) for sl in range(n)]
         for i in range(R):
             row_ok = i < phase.rows
@@ -1419,7 +1496,8 @@ class MoELayerConfig(PacketShape):
     (``expert_chiplet``, one per leaf): slots, d_ff, acc_width, shift_g, shift_u, shift_h,
     gate_shift, combine_width, rows, cols, arrays, batch, batch_wait, queue_tokens,
     token_banks, pe_stages. Floating point (all parts): dtype, acc_frac, promote_every,
-    combine_dtype (the chiplets' return lanes and the tree's combine).
+    scale_format (x's and the weight blocks' scales), combine_dtype (the chiplets' return
+    lanes and the tree's combine).
     """
     experts: int = like_param(MoEGateConfig, "experts")
     k: int = like_param(MoEGateConfig, "k")
@@ -1460,6 +1538,7 @@ class MoELayerConfig(PacketShape):
     dtype: str = like_param(ExpertChipletConfig, "dtype")
     acc_frac: int = like_param(ExpertChipletConfig, "acc_frac")
     promote_every: int = like_param(ExpertChipletConfig, "promote_every")
+    scale_format: str = like_param(ExpertChipletConfig, "scale_format")
     combine_dtype: str = like_param(ExpertChipletConfig, "combine_dtype")
     pe_stages: int = like_param(ExpertChipletConfig, "pe_stages")
 
@@ -1497,7 +1576,7 @@ class MoELayerConfig(PacketShape):
             acc_width=self.score_acc_width, score_shift=self.score_shift,
             score_width=self.score_width, gate_width=self.gate_width,
             data_width=self.data_width, shared=self.shared, shared_leaf=self.shared_leaf,
-            dtype=self.dtype)
+            dtype=self.dtype, scale_format=self.scale_format)
 
     def tree_config(self):
         flits = self.header_flits + self.x_flits
@@ -1522,7 +1601,8 @@ class MoELayerConfig(PacketShape):
             arrays=self.arrays, batch=self.batch, batch_wait=self.batch_wait,
             queue_tokens=self.queue_tokens, token_banks=self.token_banks, dtype=self.dtype,
             acc_frac=self.acc_frac, promote_every=self.promote_every,
-            combine_dtype=self.combine_dtype, pe_stages=self.pe_stages)
+            scale_format=self.scale_format, combine_dtype=self.combine_dtype,
+            pe_stages=self.pe_stages)
 
 
 def layer_weights_layout(config):

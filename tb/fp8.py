@@ -4,12 +4,22 @@ fp8_e4m3, fp8_e5m2 or bf16): the codes of ``golden.fp``'s formats."""
 import math
 
 from golden import fp as golden_fp
-from golden.moe_layer import FIXED_FRACTION, GATE_MAX_CODE, NAN_SCALE, UNIT_SCALE
+from golden.moe_layer import FIXED_FRACTION, GATE_MAX_CODE, NAN_SCALE, UNIT_SCALE, unit_scale
 
 __all__ = ["random_code", "random_token", "extreme_codes", "largest_code", "random_scales",
-           "random_scale", "gate_window_codes", "UNIT_SCALES"]
+           "random_scale", "gate_window_codes", "UNIT_SCALES", "unit_scales", "FP32_EDGE_SCALES"]
 
 UNIT_SCALES = {name: UNIT_SCALE for name in ("gate", "up", "down")}   # a weight load's default
+# FP32 scales at the edges: zeros, the smallest and largest subnormal, the smallest normal,
+# the largest finite (each sign), 2**-100 and 2**100, the infinities
+FP32_EDGE_SCALES = (0x00000000, 0x80000000, 0x00000001, 0x007FFFFF, 0x00800000, 0x7F7FFFFF,
+                    0xFF7FFFFF, 0x0D800000, 0x71800000, 0x7F800000, 0xFF800000)
+FP32_NAN_SCALES = (0x7FC00000, 0x7F800001, 0xFFC00001)
+
+
+def unit_scales(scale_format="e8m0"):
+    """A weight load's unit scales (``gate``, ``up``, ``down``) in ``scale_format``."""
+    return {name: unit_scale(scale_format) for name in UNIT_SCALES}
 
 
 def random_code(rng, dtype, spread, infinities=True):
@@ -71,11 +81,19 @@ def random_token(rng, dtype, size, extremes=False, infinities=True, spread=1.0):
     return [random_code(rng, dtype, spread, infinities) for _ in range(size)]
 
 
-def random_scale(rng):
-    """An E8M0 scale code: mostly within 2**±4 of 1, sometimes an extreme (the smallest,
+def random_scale(rng, scale_format="e8m0"):
+    """A scale code. E8M0: mostly within 2**±4 of 1, sometimes an extreme (the smallest,
     2**-127, and the largest, 2**127, whose products underflow or overflow), rarely NaN
-    (255)."""
+    (255). FP32: mostly a random significand within 2**±4 of 1 (one in eight negative),
+    sometimes one of :data:`FP32_EDGE_SCALES`, rarely a NaN."""
     draw = rng.random()
+    if scale_format == "fp32":
+        if draw < 0.02:
+            return rng.choice(FP32_NAN_SCALES)
+        if draw < 0.12:
+            return rng.choice(FP32_EDGE_SCALES)
+        sign = (1 << 31) if rng.random() < 0.125 else 0
+        return sign | ((127 + rng.randint(-4, 4)) << 23) | rng.getrandbits(23)
     if draw < 0.02:
         return NAN_SCALE
     if draw < 0.12:
@@ -83,7 +101,7 @@ def random_scale(rng):
     return UNIT_SCALE + rng.randint(-4, 4)
 
 
-def random_scales(rng):
-    """An expert's E8M0 weight-block scales (``gate``, ``up``, ``down``), each a
-    :func:`random_scale`."""
-    return {name: random_scale(rng) for name in UNIT_SCALES}
+def random_scales(rng, scale_format="e8m0"):
+    """An expert's weight-block scales (``gate``, ``up``, ``down``), each a
+    :func:`random_scale` of ``scale_format``."""
+    return {name: random_scale(rng, scale_format) for name in UNIT_SCALES}

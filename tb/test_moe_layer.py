@@ -84,28 +84,29 @@ class GateBench(StreamBench):
 
     def send_token(self, token, x, last_beat=None, scale=None):
         """Queue a token's beats and its expected packet; ``last_beat`` misplaces ``last``
-        (-1: on no beat). Floating point: ``scale`` x's E8M0 scale (random by default), on
-        the first beat; the later beats carry random scales, which are ignored."""
+        (-1: on no beat). Floating point: ``scale`` x's scale code (``scale_format``; random
+        by default), on the first beat; the later beats carry random codes, ignored."""
         cfg = self.cfg
         token %= 1 << cfg.token_width
         last_beat = cfg.beats - 1 if last_beat is None else last_beat
         floating = cfg.dtype != "int"
         if floating and scale is None:
-            scale = random_scale(self.rng)
+            scale = random_scale(self.rng, cfg.scale_format)
         for b in range(cfg.beats):
             lanes = (list(x[b * cfg.lanes:(b + 1) * cfg.lanes]) + [0] * cfg.lanes)[:cfg.lanes]
-            extra = {"scale": scale if b == 0 else self.rng.randrange(256)} if floating else {}
+            extra = {"scale": scale if b == 0 else self.rng.getrandbits(cfg.scale_bits)
+                     } if floating else {}
             self.sources["x"].send({"token": token, **extra, "data": lanes,
                                     "last": int(b == last_beat)})
         codes = golden.score_codes(self.gate_x(x), self.wg, cfg.acc_width, cfg.score_shift,
-                                   cfg.score_width, scale)
+                                   cfg.score_width, scale, cfg.scale_format)
         experts, _ = golden_router.route(codes, cfg.k, cfg.groups, cfg.topk_groups)
         gates = golden.gate_weights(codes, experts, self.lut)
         mask = golden_router.leaf_mask(experts, self.placement) | self.shared_mask
         shared = [(cfg.experts, (1 << cfg.gate_width) - 1)] if cfg.shared else []
         flits = golden.dispatch_flits(experts + [e for e, _ in shared],
                                       gates + [g for _, g in shared], x, cfg.lanes,
-                                      cfg.gate_width, scale)
+                                      cfg.gate_width, scale, cfg.scale_format, cfg.data_width)
         for index, flit in enumerate(flits):
             self.board.expect_payload({"token": token, "mask": mask, "data": flit,
                                        "last": int(index == len(flits) - 1)})
@@ -151,7 +152,7 @@ async def test_cycle_exact_no_stalls(dut):
     await bench.finish(_budget(tokens * (cfg.header_flits + cfg.beats)))
     x_edges = bench.sources["x"].sent_edges
     flit_edges = [edge for edge, _ in bench.packet.received]
-    latency = golden.gate_latency(cfg.k, cfg.groups, cfg.topk_groups)
+    latency = golden.gate_latency(cfg.k, cfg.groups, cfg.topk_groups, cfg.scale_format)
     assert flit_edges[0] - x_edges[cfg.beats - 1] == latency
     assert flit_edges == list(range(flit_edges[0], flit_edges[0] + len(flit_edges))), \
         "a bubble between flits"
@@ -183,12 +184,12 @@ async def test_rewrites_between_tokens(dut):
            for _ in range(cfg.d_model)]
     await bench.configure(wg=hot, placement=[cfg.leaves - 1] * cfg.experts)
     positive = [bench.largest_x()] * cfg.d_model
-    unit = golden.UNIT_SCALE if cfg.dtype != "int" else None           # (x's scale, floating point)
+    unit = cfg.unit_scale if cfg.dtype != "int" else None       # (x's scale, floating point)
     for token in range(6, 12):
         bench.send_token(token, positive, scale=unit)
     await bench.finish(_budget(12 * (cfg.header_flits + cfg.beats), 0.3, 0.3))
     codes = golden.score_codes(bench.gate_x(positive), hot, cfg.acc_width, cfg.score_shift,
-                               cfg.score_width, unit)
+                               cfg.score_width, unit, cfg.scale_format)
     # The hot expert leads when its code stands above the rest (a shift that rounds every
     # score to one code leaves a tie: the lowest index wins); every expert is on one leaf.
     leader = cfg.experts - 1 if codes[-1] > max(codes[:-1]) else codes.index(max(codes))

@@ -16,7 +16,7 @@ from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 from golden import moe_layer as golden
 from golden import ndp as golden_ndp
 from golden.fixed import signed_limits
-from tb.fp8 import UNIT_SCALES, random_code, random_scale, random_scales, random_token
+from tb.fp8 import random_code, random_scale, random_scales, random_token, unit_scales
 from tb.harness import start_bench, write_throughput
 from tb.streams import (LONG_BURSTS, STALL_PROFILES, InOrderScoreboard, StreamBench, edge_now,
                         pause_fraction, reset_dut, wait_for)
@@ -59,11 +59,13 @@ class ChipletBench(StreamBench):
 
     def load(self, slot, expert, weights=None, scales=None):
         """Queue one expert's load into ``slot``; the golden slot follows. Floating point:
-        ``scales`` its weight blocks' E8M0 scales (random with random weights, else unit)."""
+        ``scales`` its weight blocks' scales (``scale_format`` codes: random with random
+        weights, else unit)."""
         assigned = self.slot_expert.get(slot, (None, None))[1]
         if scales is None:                  # an assigned expert's (below), else random
             scales = (self.slot_scales[slot] if weights is not None and weights is assigned
-                      else random_scales(self.rng) if weights is None else UNIT_SCALES)
+                      else random_scales(self.rng, self.cfg.scale_format) if weights is None
+                      else unit_scales(self.cfg.scale_format))
         weights = weights or self.random_expert()
         beats = golden.weight_beats(self.shape, *weights)
         extra = {"scale": scales} if self.floating else {}
@@ -79,7 +81,7 @@ class ChipletBench(StreamBench):
         weights = weights or self.random_expert()
         self.sources["assign"].send({"slot": slot, "expert": expert})
         self.slot_expert[slot] = (expert, weights)
-        self.slot_scales[slot] = random_scales(self.rng)
+        self.slot_scales[slot] = random_scales(self.rng, self.cfg.scale_format)
         return weights
 
     def load_act(self, table=None):
@@ -109,12 +111,13 @@ class ChipletBench(StreamBench):
         cfg = self.cfg
         experts = [self.random_expert_zero()] * cfg.experts
         placement = [1] * cfg.experts
-        scales = [tuple(UNIT_SCALES.values())] * cfg.experts
+        unit = unit_scales(cfg.scale_format)
+        scales = [tuple(unit.values())] * cfg.experts
         for slot, (expert, weights) in self.slot_expert.items():
             experts = list(experts)
             experts[expert] = weights
             placement[expert] = 0
-            scales[expert] = tuple(self.slot_scales.get(slot, UNIT_SCALES).values())
+            scales[expert] = tuple(self.slot_scales.get(slot, unit).values())
         return golden.MoELayer(
             wg=[[0] * cfg.experts] * cfg.d_model, experts=experts, placement=placement,
             gate_lut=[0], act_lut=list(self.act),
@@ -122,7 +125,8 @@ class ChipletBench(StreamBench):
             acc_width=cfg.acc_width, gate_shift=cfg.gate_shift, data_width=cfg.data_width,
             combine_width=cfg.combine_width, lanes=cfg.lanes, gate_width=cfg.gate_width,
             dtype=cfg.dtype, acc_frac=cfg.acc_frac, promote_every=cfg.promote_every,
-            tile_arrays=cfg.arrays, combine_dtype=cfg.combine_dtype, w_scales=tuple(scales))
+            tile_arrays=cfg.arrays, combine_dtype=cfg.combine_dtype, w_scales=tuple(scales),
+            scale_format=cfg.scale_format)
 
     def random_expert_zero(self):
         cfg = self.cfg
@@ -154,15 +158,15 @@ class ChipletBench(StreamBench):
 
     def send_token(self, x, choices, token=None, length=None, scale=None):
         """Queue a dispatch packet and the return it must bring; ``length`` misframes it.
-        Floating point: ``scale`` x's E8M0 scale (random by default)."""
+        Floating point: ``scale`` x's scale code (random by default)."""
         cfg = self.cfg
         token = (self.tokens if token is None else token) % (1 << cfg.token_width)
         self.tokens += 1
         gates = [g for _, g in choices]
         if self.floating and scale is None:
-            scale = random_scale(self.rng)
+            scale = random_scale(self.rng, cfg.scale_format)
         flits = golden.dispatch_flits([e for e, _ in choices], gates, x, cfg.lanes,
-                                      cfg.gate_width, scale)
+                                      cfg.gate_width, scale, cfg.scale_format, cfg.data_width)
         length = len(flits) if length is None else length
         half = 1 << (cfg.data_width - 1)
         # A long packet's extra flits carry random data, which the chiplet must ignore.
@@ -179,8 +183,7 @@ class ChipletBench(StreamBench):
             if index < length:
                 got_x[d] = x[d]
         held = [(e, g) for e, g in choices if length > (choices.index((e, g)) // cfg.lanes)]
-        # (a packet that ends before its scale entry: x's scale is unit, x being 0)
-        got_scale = scale if length > (cfg.header_entries - 1) // cfg.lanes else golden.UNIT_SCALE
+        got_scale = self.received_scale(scale, length) if self.floating else None
         self.token_slots.append({slot for slot, (e, _) in self.slot_expert.items()
                                  if e in {e for e, _ in held}})
         order = [self.slot_expert[slot][0] for slot in sorted(self.slot_expert)]
@@ -193,6 +196,19 @@ class ChipletBench(StreamBench):
         for index, lanes in enumerate(body):
             self.board.expect_payload({"token": token, "data": lanes,
                                        "last": int(index == len(body) - 1)})
+
+    def received_scale(self, scale, length):
+        """x's scale as a packet of ``length`` flits delivers it: each of its header entries
+        (low bits first) the packet reaches, the unit scale's bits for those it ends before
+        (x being 0 there: a finite nonzero scale then gives what unit does)."""
+        cfg = self.cfg
+        code, first = cfg.unit_scale, cfg.header_entries - cfg.scale_entries
+        for piece in range(cfg.scale_entries):
+            if length > (first + piece) // cfg.lanes:
+                low = piece * cfg.data_width
+                bits = ((1 << min(cfg.data_width, cfg.scale_bits - low)) - 1) << low
+                code = (code & ~bits) | (scale & bits)
+        return code
 
     async def finish(self, max_cycles):
         await wait_for(self.dut, lambda: len(self.up.received) >= len(self.board.expected),

@@ -17,8 +17,8 @@ from golden import moe_layer as golden
 from golden import ndp as golden_ndp
 from golden.dram import Ddr4Stream
 from golden.fixed import signed_limits
-from tb.fp8 import (UNIT_SCALES, largest_code, random_code, random_scale, random_scales,
-                     random_token)
+from tb.fp8 import (largest_code, random_code, random_scale, random_scales, random_token,
+                     unit_scales)
 from tb.harness import load_dut_config, measuring, start_bench, write_throughput
 from tb.streams import (STALL_PROFILES, HeldPauses, StreamBench, edge_now, pause_fraction,
                         wait_for)
@@ -107,8 +107,9 @@ class LayerBench(StreamBench):
             dtype=cfg.dtype, acc_frac=cfg.acc_frac, promote_every=cfg.promote_every,
             tile_arrays=cfg.arrays, combine_dtype=cfg.combine_dtype,
             fanouts=tuple(cfg.fanouts),
-            w_scales=tuple(tuple(random_scales(rng).values())
-                           for _ in range(cfg.experts + cfg.shared)) if self.floating else ())
+            w_scales=tuple(tuple(random_scales(rng, cfg.scale_format).values())
+                           for _ in range(cfg.experts + cfg.shared)) if self.floating else (),
+            scale_format=cfg.scale_format)
 
     def with_shared(self, table):
         """An expert-to-leaf table of the routed experts, and the shared expert's leaf; every
@@ -166,8 +167,8 @@ class LayerBench(StreamBench):
         """A load's E8M0 weight-block scales: the model's for its expert; unit for a slot's
         zero weights (so that they add +0 whatever the expert's scales, NaN among them)."""
         if matrices is self.zero_expert() or not self.model.w_scales:
-            return UNIT_SCALES
-        return dict(zip(UNIT_SCALES, self.model.w_scales[expert]))
+            return unit_scales(self.cfg.scale_format)
+        return dict(zip(unit_scales(), self.model.w_scales[expert]))
 
     def resident_loads(self, model):
         """``(leaf, slot, expert, matrices)``: every expert in a slot of its chiplet, in expert
@@ -274,15 +275,16 @@ class LayerBench(StreamBench):
         return [self.rng.randint(low, high) for _ in range(self.cfg.d_model)]
 
     def x_scale(self):
-        """Floating point: a token's E8M0 x scale, random unless :attr:`unit_x_scales` (tests
-        that steer routes by their scores). Not NaN: a NaN x times the zero weights of a slot
-        the placement leaves over would be a NaN the golden layer does not add (as with
-        infinities in :meth:`random_x`; the chiplet's own tests send NaN scales)."""
+        """Floating point: a token's x scale code, random unless :attr:`unit_x_scales` (tests
+        that steer routes by their scores). Finite: a NaN or infinite scale times the zero
+        weights of a slot the placement leaves over would be a NaN the golden layer does not
+        add (as with infinities in :meth:`random_x`; the chiplet's own tests send them)."""
+        fmt = self.cfg.scale_format
         if self.unit_x_scales:
-            return golden.UNIT_SCALE
+            return golden.unit_scale(fmt)
         while True:
-            scale = random_scale(self.rng)
-            if scale != golden.NAN_SCALE:
+            scale = random_scale(self.rng, fmt)
+            if math.isfinite(golden.scale_value(scale, fmt)):
                 return scale
 
     def send_tokens(self, tokens, first_id=0, not_before=None):
@@ -299,8 +301,8 @@ class LayerBench(StreamBench):
             for b in range(cfg.x_flits):
                 lanes = (list(x[b * cfg.lanes:(b + 1) * cfg.lanes]) + [0] * cfg.lanes)[
                     :cfg.lanes]
-                extra = {"scale": scales[offset] if b == 0 else self.rng.randrange(256)} \
-                    if self.floating else {}
+                extra = {"scale": scales[offset] if b == 0 else
+                         self.rng.getrandbits(cfg.scale_bits)} if self.floating else {}
                 self.sources["x"].send({"token": token, **extra, "data": lanes,
                                         "last": int(b == cfg.x_flits - 1)},
                                        not_before[offset] if not_before else 0)

@@ -5,6 +5,7 @@ import dataclasses
 import math
 import random
 import re
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -162,6 +163,11 @@ SIM_CONFIGS = [
     # draws x near 2**-8 here (GateBench.x_spread), so the products' low bits decide codes
     {"dtype": "bf16", "in_width": 16, "d_model": 5, "lanes": 2, "w_width": 6,
      "acc_width": 40, "score_shift": 8},
+    # FP32 x scales (the totals times a signed 24-bit significand, one more stage): in four
+    # 8-bit header entries, low byte first, over 2 header flits of 3 lanes; a 30-bit
+    # accumulator that wraps
+    {"dtype": "fp8_e4m3", "scale_format": "fp32", "experts": 4, "leaves": 2, "d_model": 4,
+     "lanes": 3, "data_width": 8, "gate_width": 4, "acc_width": 30, "score_shift": 6},
 ]
 
 
@@ -187,6 +193,8 @@ COCOTB_TESTS = 9
     ({"k": 9}, "k"),
     ({"dtype": "bf16"}, "in_width"),                       # 8 bits: not a BF16 code
     ({"dtype": "fp8_e5m2", "in_width": 16}, "in_width"),   # 16 bits: not an FP8 code
+    ({"scale_format": "fp32"}, "scale_format"),            # integers carry no scales
+    ({"dtype": "fp8_e4m3", "scale_format": "fp16"}, "scale_format"),
 ])
 def test_gate_config_errors_name_the_parameter(params, name):
     with pytest.raises(ParamError, match=f"parameter '{name}'"):
@@ -374,6 +382,11 @@ CHIPLET_CONFIGS = [
     {"dtype": "bf16", "in_width": 16, "w_width": 16, "combine_dtype": "bf16",
      "combine_width": 16, "d_model": 5, "d_ff": 3, "lanes": 2, "rows": 2, "cols": 3,
      "arrays": 2, "batch": 3, "promote_every": 2, "shift_g": 1, "shift_u": 1, "shift_h": 0},
+    # FP32 scales (x's in two 16-bit header entries, the second in the next header flit; the
+    # tile's PEs multiply each promotion by them) with BF16 returns, a 2x2 tile of 2 arrays
+    {"dtype": "fp8_e4m3", "scale_format": "fp32", "combine_dtype": "bf16",
+     "combine_width": 16, "d_model": 4, "d_ff": 3, "lanes": 3, "rows": 2, "cols": 2,
+     "batch": 3, "shift_g": 1, "shift_u": 1, "shift_h": 0},
 ]
 CHIPLET_COCOTB_TESTS = 19
 # In `make sweep` only (make test's time budget, 2026-11-30): the defaults, which are the
@@ -383,7 +396,7 @@ CHIPLET_COCOTB_TESTS = 19
 # in the NoP tree, and a floating-point chiplet in the FP8 layer's (E4M3, BF16 returns); BF16
 # (69 s, 46 of them on Icarus): make test keeps BF16 chiplets, their cut activation tables
 # included, in the BF16 layer's (FP32 returns), and BF16 returns in the FP8 layer.
-CHIPLET_SWEEP = (0, 4, 5)
+CHIPLET_SWEEP = (0, 4, 5, 6)
 
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
@@ -487,6 +500,7 @@ def test_layer_3d_puts_every_scratchpad_bank_on_the_memory_die(tmp_path):
      "w_width"),
     ({"dtype": "fp8_e4m3", "combine_dtype": "bf16", "combine_width": 16, "promote_every": 3},
      "promote_every"),                                     # not a divisor of 128
+    ({"scale_format": "fp32"}, "scale_format"),            # integers carry no scales
 ])
 def test_chiplet_config_errors_name_the_parameter(params, name):
     with pytest.raises(ParamError, match=f"parameter '{name}'"):
@@ -521,13 +535,21 @@ LAYER_CONFIGS = [
      "d_ff": 2, "lanes": 2, "rows": 1, "cols": 2, "arrays": 1, "batch": 2,
      "score_acc_width": 48, "score_shift": 28, "shift_g": 0, "shift_u": 1, "shift_h": 0,
      "token_width": 5, "max_inflight": 16},
+    # FP32 scales: x's in four 8-bit header entries (3 header flits of 2 lanes), carried
+    # through the tree untouched; the gate's totals times its significand, the chiplets' PEs
+    # multiplying each promotion by x's and the weight blocks'; BF16 returns, a 1x2 tile.
+    {"dtype": "fp8_e4m3", "scale_format": "fp32", "combine_dtype": "bf16",
+     "combine_width": 16, "fanouts": (2,), "experts": 4, "slots": 2, "k": 2, "d_model": 3,
+     "d_ff": 2, "lanes": 2, "rows": 1, "cols": 2, "arrays": 1, "batch": 2, "data_width": 8,
+     "gate_width": 6, "score_shift": 6, "shift_g": 0, "shift_u": 1, "shift_h": 0,
+     "token_width": 5, "max_inflight": 16},
     # The demo's FP8 layer itself, its tile 2x2: in make sweep only (make test's time budget:
     # its suite took 167 s on Icarus, a one-row tile's 118 s). FP rows, each with its
     # row's scale, make test runs in test_systolic's BF16 tile of 2x1 arrays; `make demo`
     # runs this layer's bit-exact test on Verilator.
     FP8_LAYER,
 ]
-LAYER_SWEEP = (4,)
+LAYER_SWEEP = (5,)
 LAYER_COCOTB_TESTS = 15
 
 
@@ -545,6 +567,7 @@ def test_layer_cocotb(params, simulator):
     ({"dtype": "fp8_e4m3", "combine_width": 16}, "combine_dtype"),   # the chiplets' rules
     ({"dtype": "fp8_e5m2", "combine_dtype": "bf16", "combine_width": 16, "in_width": 10},
      "in_width"),
+    ({"scale_format": "fp32"}, "scale_format"),            # integers carry no scales
 ])
 def test_layer_config_errors_name_the_parameter(params, name):
     with pytest.raises(ParamError, match=f"parameter '{name}'"):
@@ -617,6 +640,43 @@ def test_an_x_scale_moves_the_score_rounding_and_rides_in_the_header():
     assert golden.header_flits(2 + 1, 2) == 2
 
 
+def test_an_fp32_x_scale_multiplies_the_sums_exactly_and_spans_header_entries():
+    """FP32 x scales (scale_format fp32): each wrapped sum times the scale exactly, rounded
+    once; a power of two is the E8M0 scale of its exponent; a negative scale negates the sums;
+    an infinity is the largest finite value (every nonzero sum saturates), NaN scores 0; the
+    code rides in ceil(32 / data_width) header entries, low bits first."""
+    rng = np.random.default_rng(6)
+    x = rng.integers(-3000, 3000, 6).tolist()
+    wg = rng.integers(-128, 128, (6, 5)).tolist()
+    raw = [int(v) for v in np.asarray(x, dtype=object).dot(np.asarray(wg, dtype=object))]
+
+    def codes(scale, shift=20):
+        return golden.score_codes(x, wg, 32, shift, 8, fp.encode(scale, "fp32"), "fp32")
+    for j in (-20, -3, 0, 5):
+        assert codes(2.0 ** j) == golden.score_codes(x, wg, 32, 20, 8, 127 + j)
+    for scale in (1.375, 3.1, 0.7071):
+        exact = [Fraction(v) * Fraction(fp.decode(fp.encode(scale, "fp32"), "fp32")) / 2 ** 20
+                 for v in raw]
+        assert codes(scale) == [max(-128, min(127, math.floor(e + Fraction(1, 2)))) + 128
+                                for e in exact]
+    assert codes(-1.375) == golden.score_codes([-v for v in x], wg, 32, 20, 8,
+                                               fp.encode(1.375, "fp32"), "fp32")
+    assert golden.score_codes(x, wg, 32, 20, 8, 0x7F800000, "fp32") == \
+        [0 if v < 0 else 255 if v > 0 else 128 for v in raw]
+    assert golden.score_codes(x, wg, 32, 20, 8, 0xFF800000, "fp32") == \
+        [255 if v < 0 else 0 if v > 0 else 128 for v in raw]
+    assert golden.score_codes(x, wg, 32, 20, 8, 0x7FC00000, "fp32") == [128] * 5
+    assert golden.score_codes(x, wg, 32, 0, 8, 0x00000001, "fp32") == [128] * 5   # 2**-149
+    assert golden.score_codes(x, wg, 32, 0, 8, 0x80000000, "fp32") == [128] * 5   # -0
+    flits = golden.dispatch_flits([3, 1], [9, 4], [7], lanes=3, gate_width=4,
+                                  scale=0x3FB00000, scale_format="fp32", data_width=8)
+    assert flits == [[3 << 4 | 9, 1 << 4 | 4, 0x00], [0x00, 0xB0, 0x3F], [7, 0, 0]]
+    config = get_block("moe_gate").config(dtype="fp8_e4m3", scale_format="fp32", data_width=16)
+    assert (config.scale_entries, config.header_entries, config.unit_scale) == \
+        (2, 4, 0x3F800000)
+    assert golden.gate_latency(2, 1, 1, "fp32") == golden.gate_latency(2, 1, 1) + 1
+
+
 def test_a_weight_block_scale_scales_its_matrix_alone():
     """Floating point: an expert's E8M0 weight-block scales (gate, up, down) multiply its own
     matrix's products at each promotion. A down scale of 2 doubles y exactly (a power of two
@@ -644,6 +704,13 @@ def test_a_weight_block_scale_scales_its_matrix_alone():
     assert dataclasses.replace(model, w_scales=((128, 127, 127),)).ffn(0, x) != unit
     nan = dataclasses.replace(model, w_scales=((127, 255, 127),)).ffn(0, x)
     assert all(math.isnan(fp.decode(v, "fp32")) for v in nan)
+    # FP32 scales (scale_format fp32): a power of two is the E8M0 code of its exponent, and a
+    # significand of its own scales too (x's by 1.5 moves g and u, so y)
+    fp32 = dataclasses.replace(model, scale_format="fp32")
+    one, two = fp.encode(1.0, "fp32"), fp.encode(2.0, "fp32")
+    assert fp32.ffn(0, x) == unit and fp32.ffn(0, x, fp.encode(1.0, "fp32")) == unit
+    assert dataclasses.replace(fp32, w_scales=((one, one, two),)).ffn(0, x) == doubled
+    assert fp32.ffn(0, x, fp.encode(1.5, "fp32")) != unit
 
 
 # --- the register slice in front of the chiplet's tile (hw.pipeline.RegisterSlice) -----------
