@@ -85,7 +85,9 @@ def random_scale(rng, scale_format="e8m0"):
     """A scale code. E8M0: mostly within 2**±4 of 1, sometimes an extreme (the smallest,
     2**-127, and the largest, 2**127, whose products underflow or overflow), rarely NaN
     (255). FP32: mostly a random significand within 2**±4 of 1 (one in eight negative),
-    sometimes one of :data:`FP32_EDGE_SCALES`, rarely a NaN."""
+    sometimes one of :data:`FP32_EDGE_SCALES` or a wide one (2**-30 to 2**50: the gate's
+    scores saturate from every bit of its product, a mutant that missed one high bit survived
+    scales within 2**±4), rarely a NaN."""
     draw = rng.random()
     if scale_format == "fp32":
         if draw < 0.02:
@@ -93,7 +95,8 @@ def random_scale(rng, scale_format="e8m0"):
         if draw < 0.12:
             return rng.choice(FP32_EDGE_SCALES)
         sign = (1 << 31) if rng.random() < 0.125 else 0
-        return sign | ((127 + rng.randint(-4, 4)) << 23) | rng.getrandbits(23)
+        power = rng.randint(-30, 50) if draw < 0.32 else rng.randint(-4, 4)
+        return sign | ((127 + power) << 23) | rng.getrandbits(23)
     if draw < 0.02:
         return NAN_SCALE
     if draw < 0.12:

@@ -183,7 +183,7 @@ def test_gate_cocotb(params, simulator):
     assert run_block("moe_gate", params, simulator).tests == COCOTB_TESTS
 
 
-COCOTB_TESTS = 9
+COCOTB_TESTS = 10
 
 
 @pytest.mark.parametrize("params, name", [
