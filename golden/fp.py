@@ -29,9 +29,9 @@ import dataclasses
 import math
 from fractions import Fraction
 
-__all__ = ["Format", "FORMATS", "decode", "encode", "components", "e8m0_decode", "add",
-           "multiply", "scale_cast", "DotConfig", "dot", "exact_dot", "logfmt_encode",
-           "logfmt_decode"]
+__all__ = ["Format", "FORMATS", "decode", "encode", "components", "e8m0_decode", "SCALE_BITS",
+           "scale_decode", "add", "multiply", "scale_cast", "DotConfig", "dot", "exact_dot",
+           "logfmt_encode", "logfmt_decode"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,6 +210,14 @@ def scale_cast(code, src, dst, shift=0):
 def e8m0_decode(code):
     """An E8M0 scale: 2**(code - 127); code 255 is NaN."""
     return math.nan if code == 255 else math.ldexp(1.0, code - 127)
+
+
+SCALE_BITS = {"e8m0": 8, "fp32": 32}        # a scale code's bits, by ``scale_format``
+
+
+def scale_decode(code, scale_format):
+    """A scale code's value (a float; NaN for a NaN code): E8M0 or FP32."""
+    return e8m0_decode(code) if scale_format == "e8m0" else decode(code, "fp32")
 
 
 # --- the dot-product unit (block ``fp_dot``, docs/blocks/fp.md and docs/numerics.md) ---

@@ -105,12 +105,12 @@ def unit_scale(scale_format="e8m0"):
 
 def scale_bits(scale_format="e8m0"):
     """Bits of a scale code."""
-    return 8 if scale_format == "e8m0" else 32
+    return fp.SCALE_BITS[scale_format]
 
 
 def scale_value(code, scale_format="e8m0"):
     """A scale code's value (a float; NaN for a NaN code)."""
-    return fp.e8m0_decode(code) if scale_format == "e8m0" else fp.decode(code, "fp32")
+    return fp.scale_decode(code, scale_format)
 
 
 def scale_entries(scale_format, data_width):

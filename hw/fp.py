@@ -87,7 +87,7 @@ class FpDotConfig:
 
     @property
     def scale_bits(self):
-        return 32 if self.scale_format == "fp32" else 8
+        return golden.SCALE_BITS[self.scale_format]
 
     @property
     def chunk_beats(self):

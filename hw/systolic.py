@@ -62,7 +62,7 @@ def code_width(config):
 
 
 def scale_bits(config):
-    return 32 if config.scale_format == "fp32" else 8
+    return golden_fp.SCALE_BITS[config.scale_format]
 
 
 @dataclasses.dataclass(frozen=True)
