@@ -38,7 +38,7 @@ header flits dropped, is y.
 Floating point (``dtype`` fp8_e4m3, fp8_e5m2 or bf16, issue 17): x, the FFN weights and the
 activation table hold codes of ``dtype`` (``golden.fp``'s formats and cast rule), with seed 003
 §3.1's fine-grained scales in ``scale_format``: E8M0 codes c of value 2**(c - 127) (255: NaN),
-or FP32 codes (``scale_value``). Each token has one for x (``layer``'s ``x_scales``: D <= 64, so
+or FP32 codes (``fp.scale_decode``). Each token has one for x (``layer``'s ``x_scales``: D <= 64, so
 x is one 1 x 128 tile), and each expert one for each of its gate, up and down matrices
 (``w_scales``: each one 128 x 128 block). x's value is its codes times its scale; the packet
 carries the scale after the choices, in ``scale_entries`` header entries of ``data_width``
@@ -89,12 +89,11 @@ __all__ = ["MoELayer", "score_codes", "gate_weights", "dispatch_flits", "parse_h
            "gate_latency", "ChipletShape", "weight_beats", "chiplet_figures",
            "chiplet_batch_edges", "community_workload", "placements", "stream_order",
            "RESULT_STAGES", "A_SLICE_EDGES", "scaled_requant", "UNIT_SCALE", "NAN_SCALE",
-           "SCALE_FORMATS", "unit_scale", "scale_bits", "scale_value", "scale_entries",
-           "gate_scale"]
+           "SCALE_FORMATS", "unit_scale", "scale_entries", "gate_scale"]
 
 UNIT_SCALE = 127                                    # E8M0: 2**(127 - 127)
 NAN_SCALE = 255                                     # E8M0's one NaN
-SCALE_FORMATS = ("e8m0", "fp32")                    # the formats of a scale (seed 003 §3.1)
+SCALE_FORMATS = ("e8m0", "fp32")       # the formats of a scale (seed 003 §3.1; fp.SCALE_BITS)
 FP32_LARGEST = (0xFFFFFF, 127 - 23)                 # FP32's largest finite: m, x
 
 
@@ -103,19 +102,9 @@ def unit_scale(scale_format="e8m0"):
     return UNIT_SCALE if scale_format == "e8m0" else fp.encode(1.0, "fp32")
 
 
-def scale_bits(scale_format="e8m0"):
-    """Bits of a scale code."""
-    return fp.SCALE_BITS[scale_format]
-
-
-def scale_value(code, scale_format="e8m0"):
-    """A scale code's value (a float; NaN for a NaN code)."""
-    return fp.scale_decode(code, scale_format)
-
-
 def scale_entries(scale_format, data_width):
     """Header entries of x's scale: its code's bits over ``data_width``-bit lanes."""
-    return -(-scale_bits(scale_format) // data_width)
+    return -(-fp.SCALE_BITS[scale_format] // data_width)
 
 
 def gate_scale(code, scale_format="e8m0"):
@@ -361,9 +350,9 @@ def _fp_matvec(model, matrix, vector, scale, vector_scale):
                 for s in range(n)]
     blocks = [-(-depth // config.scale_block)]
     return fp_tile_result(a_slices, b_slices, model.dtype, config,
-                          [[[scale_value(vector_scale, model.scale_format)] * blocks[0]]
+                          [[[fp.scale_decode(vector_scale, model.scale_format)] * blocks[0]]
                            for _ in range(n)],
-                          [[scale_value(scale, model.scale_format)] * blocks[0]
+                          [[fp.scale_decode(scale, model.scale_format)] * blocks[0]
                            for _ in range(n)])[0]
 
 

@@ -70,7 +70,7 @@ class PacketShape:
     @property
     def scale_bits(self):
         """Bits of a scale code (8 for E8M0, 32 for FP32)."""
-        return golden.scale_bits(self.scale_format)
+        return golden_fp.SCALE_BITS[self.scale_format]
 
     @property
     def unit_scale(self):
@@ -413,30 +413,23 @@ class MoEGate(ConfiguredComponent):
         pipe.emit(m)
         with m.If(scores.ready):
             m.d.sync += scores.valid.eq(0)
-        if fp32_scale:
-            # The exponent x moves the rounding by x bits, as an E8M0 scale's (below): the
-            # product shifted up by A first, the right shift score_shift - x + A clamped.
+        if floating:
+            # The scale's exponent x (E8M0: c - 127; FP32: beside the product, above) moves the
+            # rounding by x bits (golden.moe_layer.scaled_requant): the total is shifted up by
+            # A = score_width + 1 first, so that the run-time right shift u = score_shift - x
+            # + A is never negative once clamped at 0 (a larger left shift saturates as A
+            # does) and at W + A + 1, W the total's bits (a larger one rounds to 0 as that one
+            # does). A NaN scale makes the totals 0 (FP32: a zero multiplier, above).
             up = cfg.score_width + 1
             width = len(totals[0])
+            exponent, offset = ((scaled_exponent, 0) if fp32_scale
+                                else (totals_scale, UNIT_SCALE))   # (x = c - 127)
             amount = Signal(signed(11), name="score_shift_amount")
             shift = Signal(range(width + up + 2), name="score_shift_scaled")
-            m.d.comb += [amount.eq(cfg.score_shift + up - scaled_exponent),
+            m.d.comb += [amount.eq(cfg.score_shift + offset + up - exponent),
                          shift.eq(Mux(amount < 0, 0, Mux(amount > width + up + 1,
                                                          width + up + 1, amount)))]
-            nan_scale = Const(0)                       # (NaN: a zero multiplier, above)
-        elif floating:
-            # The scale c moves the rounding by c - 127 bits (golden.moe_layer.scaled_requant):
-            # the total is shifted up by A = score_width + 1 first, so that the run-time right
-            # shift u = score_shift - (c - 127) + A is never negative once clamped at 0 (a
-            # larger left shift saturates as A does) and at acc_width + A + 1 (a larger one
-            # rounds to 0 as that one does). A NaN scale makes the totals 0.
-            up = cfg.score_width + 1
-            amount = Signal(signed(11), name="score_shift_amount")
-            shift = Signal(range(cfg.acc_width + up + 2), name="score_shift_scaled")
-            m.d.comb += [amount.eq(cfg.score_shift + UNIT_SCALE + up - totals_scale),
-                         shift.eq(Mux(amount < 0, 0, Mux(amount > cfg.acc_width + up + 1,
-                                                         cfg.acc_width + up + 1, amount)))]
-            nan_scale = totals_scale == NAN_SCALE
+            nan_scale = Const(0) if fp32_scale else totals_scale == NAN_SCALE
         with m.If(advance & final_stage):
             bias = 1 << (cfg.score_width - 1)
             for e, total in enumerate(totals):

@@ -284,7 +284,7 @@ class LayerBench(StreamBench):
             return golden.unit_scale(fmt)
         while True:
             scale = random_scale(self.rng, fmt)
-            if math.isfinite(golden.scale_value(scale, fmt)):
+            if math.isfinite(golden_fp.scale_decode(scale, fmt)):
                 return scale
 
     def send_tokens(self, tokens, first_id=0, not_before=None):
