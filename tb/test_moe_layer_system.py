@@ -463,11 +463,8 @@ async def test_y_held_until_the_layer_is_full(dut):
         "x neither stopped nor finished, or the chiplets' packet counts never settled")
     assert taken < sent * cfg.x_flits or sent == 1 << cfg.token_width, \
         f"x never stopped: {sent} tokens taken with y held"
-    # The root allocates one of its max_inflight slots per token and frees it when the slot's
-    # last flit enters its up_out register (docs/blocks/nop.md); the layer takes header flits
-    # whatever y.ready. So with y held it dispatches the first max_inflight tokens, in order,
-    # and, where a token's y is one flit (X = 1), one more: the first token completed frees its
-    # slot once that flit waits in the register (with X >= 2 its first data flit waits there).
+    # With y held the root dispatches the first max_inflight tokens, in order, and one more
+    # where a token's y is one flit (docs/blocks/moe_layer.md, Timing).
     in_flight = min(cfg.max_inflight + (cfg.x_flits == 1), sent)
     masks = bench.routes[-1]["masks"][:in_flight]
     assert settled == [sum((mask >> leaf) & 1 for mask in masks) for leaf in range(cfg.leaves)], \
