@@ -4,6 +4,9 @@ The prose of ``docs/blocks/<family>.md`` is written by hand, once; the tables ar
 between markers so they cannot drift from the code and the measurements:
 
 * ``<!-- moegen:params BLOCK -->``: the parameter table, from the registry (:func:`hw.params.describe`);
+* ``<!-- moegen:ports BLOCK -->``: every port of the default configuration with its width and,
+  for a stream's payload, every field's bit range, from the hardware's signature (the manifest's
+  ports, :func:`flows.verilog.manifest`);
 * ``<!-- moegen:figures BLOCK -->``: the figure table, from ``docs/bench.json``, the record of the
   last ``make bench`` (``moegen docs --bench build/bench.json`` copies a new one in);
 * ``<!-- moegen:blocks -->`` (README): the block table with a link to each family's page;
@@ -15,11 +18,13 @@ between markers so they cannot drift from the code and the measurements:
 """
 
 import json
+import math
 import re
 from pathlib import Path
 
 from flows.pnr import fmax_text
 from flows.toolchain import REPO_ROOT
+from flows.verilog import manifest, manifest_streams
 from hw.params import describe, format_value, parse_params
 from hw.registry import all_blocks, get_block
 
@@ -43,6 +48,100 @@ def _params_table(name):
     block = get_block(name)
     return _md_table(["parameter", "default", "allowed", "meaning"],
                      [(f"`{n}`", f"`{d}`", a, doc) for n, d, a, doc in describe(block.config)])
+
+
+_INDEX_NAMES = "jkmn"                # of a payload field's array indices (i: a stream array's)
+
+
+def _affine(c, strides, names):
+    """``s0*j + s1*k + ... + c`` as text (``8j+8``; a 0 and strides of 0 left out)."""
+    terms = [f"{s}{n}" if s != 1 else n for s, n in zip(strides, names) if s]
+    return "+".join(terms + ([str(c)] if c or not terms else []))
+
+
+def _field_text(parts, lsb, width, signed, strides=(), counts=()):
+    """One field (or array of fields: ``#`` parts are its indices j, k, ...) as text."""
+    names = iter(_INDEX_NAMES[:len(counts)])
+    shown = ""
+    for part in parts:
+        if part == "#" or part.isdigit():
+            shown += f"[{next(names) if part == '#' else part}]"
+        else:
+            shown += ("." if shown else "") + part
+    names = _INDEX_NAMES[:len(counts)]
+    bits = _affine(lsb, strides, names)
+    if width > 1:
+        bits += ".." + _affine(lsb + width - 1, strides, names)
+    ranges = "".join(f", {n} = 0..{count - 1}" for n, count in zip(names, counts))
+    return f"`{shown}` [{bits}]{' signed' if signed else ''}{ranges}"
+
+
+def _fields_text(fields):
+    """A payload's leaf fields, each array of like fields as one entry with its bit range as
+    a function of its indices (``w[j] [8j..8j+7] signed, j = 0..63``) where it is one."""
+    groups = {}
+    for f in fields:
+        parts = f["field"].split(".")
+        template = tuple("#" if p.isdigit() else p for p in parts)
+        index = tuple(int(p) for p in parts if p.isdigit())
+        groups.setdefault(template, []).append((index, f))
+    out = []
+    for template, members in groups.items():
+        first = members[0][1]
+        width, signed = first["msb"] - first["lsb"] + 1, first["signed"]
+        if not members[0][0]:
+            out += [_field_text(template, f["lsb"], f["msb"] - f["lsb"] + 1, f["signed"])
+                    for _, f in members]
+            continue
+        dims = len(members[0][0])
+        counts = [max(index[d] for index, _ in members) + 1 for d in range(dims)]
+        by_index = {index: f for index, f in members}
+        base = by_index.get((0,) * dims)
+        strides = []
+        for d in range(dims):
+            unit = tuple(int(d == e) for e in range(dims))
+            strides.append(by_index[unit]["lsb"] - base["lsb"] if base and unit in by_index
+                           else 0)
+        regular = base is not None and len(members) == math.prod(counts) and all(
+            f["lsb"] == base["lsb"] + sum(s * i for s, i in zip(strides, index))
+            and f["msb"] - f["lsb"] + 1 == width and f["signed"] == signed
+            for index, f in members)
+        if regular:
+            out.append(_field_text(template, base["lsb"], width, signed, strides, counts))
+        else:
+            out += [_field_text(tuple(f["field"].split(".")), f["lsb"],
+                                f["msb"] - f["lsb"] + 1, f["signed"]) for _, f in members]
+    return "; ".join(out)
+
+
+def _ports_table(name):
+    """The default configuration's ports: a stream as one row (its payload's fields with their
+    bit ranges), an array of like streams as one row."""
+    block = get_block(name)
+    config = block.config()
+    streams, others = manifest_streams(manifest(block, config, block.build(config))["ports"])
+    rows, arrays = [], {}
+    for stream, triple in streams.items():
+        base, _, index = stream.rpartition("__")
+        key = base if index.isdigit() else stream
+        payload = triple["payload"]
+        shape = (payload["direction"], payload["width"], _fields_text(payload.get("fields", [])))
+        arrays.setdefault(key, []).append((shape, stream))
+    for key, members in arrays.items():
+        (direction, width, fields), stream = members[0]
+        if len(members) > 1 and all(shape == members[0][0] for shape, _ in members):
+            port = f"`{key}[i]`, i = 0..{len(members) - 1} (`{key}__<i>__…`)"
+            rows.append((port, f"{direction}, stream", width, fields or "-"))
+        else:
+            rows += [(f"`{s}`", f"{d}, stream", w, f or "-") for (d, w, f), s in members]
+    rows += [(f"`{p['name']}`", p["direction"], p["width"], "-") for p in others]
+    note = (f"Ports of the default configuration, from the hardware (`moegen verilog {name} -p "
+            f"NAME=VALUE` writes any configuration's in its manifest, `{name}.json`). A stream `s` "
+            "is the Verilog ports `s__valid`, `s__ready` and `s__payload`, a transfer at a "
+            "rising edge of `clk` with both high; `rst` resets synchronously, active high. "
+            "Bits are of the payload, bit 0 its least significant; signed fields are two's "
+            "complement.\n\n")
+    return note + _md_table(["port", "direction", "payload bits", "fields [bits]"], rows)
 
 
 def _metric_text(metrics):
@@ -179,6 +278,8 @@ def render(text, bench, mutation=None):
             body = _mutation_table(name, mutation)
         elif kind == "params":
             body = _params_table(name)
+        elif kind == "ports":
+            body = _ports_table(name)
         elif kind == "figures":
             body = _figures_table(name, bench)
         elif kind == "blocks":

@@ -61,6 +61,7 @@ def test_every_family_lives_in_exactly_its_five_places():
                 # The block is defined in its family's module and documented on its page.
                 assert block.config.__module__ == f"hw.{family}", block.name
                 assert f"<!-- moegen:params {block.name} -->" in page, block.name
+                assert f"<!-- moegen:ports {block.name} -->" in page, block.name
                 assert f"<!-- moegen:figures {block.name} -->" in page, block.name
                 # Its cocotb module is the family's, or one named after the family.
                 tb = block.tb_module.replace(".", "/") + ".py"
@@ -77,6 +78,28 @@ def test_every_family_lives_in_exactly_its_five_places():
 
 def test_committed_docs_are_what_moegen_docs_generates():
     assert docs.stale_files() == [], "run `.venv/bin/moegen docs` and commit the result"
+
+
+def test_port_tables_give_every_field_its_bit_range():
+    def leaf(field, lsb, msb, signed=False):
+        return {"field": field, "lsb": lsb, "msb": msb, "signed": signed}
+    # An array of like fields is one entry, its bits a function of its indices.
+    lanes = [leaf(f"data.{j}", 8 + 16 * j, 23 + 16 * j, True) for j in range(4)]
+    assert docs._fields_text([leaf("token", 0, 7), *lanes, leaf("last", 72, 72)]) == (
+        "`token` [0..7]; `data[j]` [16j+8..16j+23] signed, j = 0..3; `last` [72]")
+    grid = [leaf(f"w.{j}.{k}.v", 12 * j + 4 * k, 12 * j + 4 * k + 3) for j in range(2)
+            for k in range(3)]
+    assert docs._fields_text(grid) == "`w[j][k].v` [12j+4k..12j+4k+3], j = 0..1, k = 0..2"
+    # One that is not (a lane of another width, or a gap) is listed lane by lane.
+    uneven = [leaf("s.0", 0, 7), leaf("s.1", 8, 11), leaf("s.2", 12, 19)]
+    assert docs._fields_text(uneven) == "`s[0]` [0..7]; `s[1]` [8..11]; `s[2]` [12..19]"
+    gap = [leaf("s.0", 0, 3), leaf("s.1", 4, 7), leaf("s.2", 9, 12)]
+    assert docs._fields_text(gap) == "`s[0]` [0..3]; `s[1]` [4..7]; `s[2]` [9..12]"
+    # A block's table: every stream with its payload, an array of streams as one row.
+    table = docs._ports_table("nop_switch")
+    assert ("| `down_out[i]`, i = 0..3 (`down_out__<i>__…`) | out, stream | 45 | `token` [0..7]; "
+            "`mask` [8..11]; `data[j]` [8j+12..8j+19] signed, j = 0..3; `last` [44] |") in table
+    assert "| `error` | out | 1 | - |" in table
 
 
 def test_readme_is_a_front_door():
