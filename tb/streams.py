@@ -23,7 +23,7 @@ from tb.codec import codec
 __all__ = ["CLOCK_PERIOD_NS", "STALL_PROFILES", "LONG_BURSTS", "ProtocolError", "Pauses",
            "RandomPauses", "BurstPauses", "PeriodicPauses", "pauses", "pause_fraction",
            "start_clock", "assert_lockstep", "reset_dut", "start_after_reset", "edge_now",
-           "StreamSource",
+           "sample_each_edge", "assert_high_from_to", "StreamSource",
            "StreamMonitor", "StreamSink", "StreamBench", "PipeBench", "JobBench",
            "InOrderScoreboard", "beats_per_cycle",
            "stream_layout", "Worker", "EdgeWorker", "bit_string", "read_bits",
@@ -169,6 +169,32 @@ def assert_lockstep(dut):
 def edge_now():
     """Index of the rising edge at the current simulation time."""
     return int(get_sim_time(unit="ns")) // CLOCK_PERIOD_NS
+
+
+def sample_each_edge(dut, *names):
+    """Record, at every rising edge from now on, the value each of the ``dut`` signals
+    ``names`` held in the cycle that edge ends: returns ``({name: {edge: value}}, task)``;
+    cancel the task when done. For a status output's contract (``busy`` high at exactly the
+    edges its document names)."""
+    samples = {name: {} for name in names}
+
+    async def sample():
+        while True:
+            await RisingEdge(dut.clk)             # pre-edge values: the cycle before this edge
+            for name in names:
+                samples[name][edge_now()] = int(getattr(dut, name).value)
+    return samples, cocotb.start_soon(sample())
+
+
+def assert_high_from_to(samples, name, first, last, what=""):
+    """Of :func:`sample_each_edge`'s ``samples``: ``name`` was high at edges ``first`` to
+    ``last`` and low at the two edges before and after (those sampled; the two after must
+    be)."""
+    seen = samples[name]
+    assert last + 2 in seen, f"{name}: edges up to {last + 2} not sampled yet"
+    high = [edge for edge in range(first - 2, last + 3) if seen.get(edge)]
+    assert high == list(range(first, last + 1)), (
+        f"{name} high at edges {high[:3]}..{high[-3:]}, expected {first}..{last} {what}")
 
 
 async def reset_dut(dut, cycles=2):

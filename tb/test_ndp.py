@@ -20,7 +20,8 @@ from golden.dram import DDR4_3200AA, TABLE_I
 from hw.ndp import token_bits
 from tb.harness import load_dut_config, make_rng, write_throughput
 from tb.ndp_bench import NdpBenchBase, dram_times, silu_table
-from tb.streams import STALL_PROFILES, edge_now, start_after_reset, wait_for
+from tb.streams import (STALL_PROFILES, assert_high_from_to, edge_now, sample_each_edge,
+                        start_after_reset, wait_for)
 
 
 
@@ -329,6 +330,7 @@ async def test_throughput(dut):
     bench and make demo."""
     bench = _setup(dut, "throughput")
     await start_after_reset(dut, bench)
+    samples, sampler = sample_each_edge(dut, "busy")
     cfg = bench.cfg
     await bench.write_lut(silu_table(cfg))
     M = cfg.mults
@@ -340,11 +342,15 @@ async def test_throughput(dut):
         """Queue one command with ``queue()``; check its every weight beat and result edge
         against :func:`golden.ndp.timeline` (with the DRAM's arrival edges when ``not_before``
         paces the beats); returns its cycles (command edge to the edge after its last (beat,
-        token) pair, which the last result's edge fixes) and useful MACs."""
+        token) pair, which the last result's edge fixes) and useful MACs. ``busy`` is high
+        from the edge after the command's to the one its last result is taken at."""
         queue()
         await bench.drain()
         bench.check()
         start = bench.sources["cmd"].sent_edges[-1]
+        await ClockCycles(dut.clk, 2)
+        assert_high_from_to(samples, "busy", start + 1, bench.y.received[-1][0],
+                            f"({rows}x{cols}, S={tokens})")
         ready = None if not_before is None else [e + 1 - start for e in not_before]
         _, beats, results = golden.timeline([(op, rows, cols, True, tokens)], cfg.out_depth, M,
                                             ready)
@@ -420,6 +426,7 @@ async def test_throughput(dut):
                               lambda: bench.ffn(wg, wu, wd, bench.vector(hidden),
                                                 bench.shifts(hidden)))
         metrics[f"{model.name.split('-')[0].lower()}_{hidden}x{inter}_cycles"] = cycles
+    sampler.cancel()
     write_throughput(metrics, "MAC utilization (useful MACs / M per cycle), cycles",
                      edge_now() / (time.perf_counter() - wall),
                      ddr4_gb_s=round(stream.bandwidth_gb_s(), 2),

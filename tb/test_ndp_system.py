@@ -19,7 +19,8 @@ from golden import ndp as golden
 from hw.ndp import COUNT_BITS, token_bits
 from tb.harness import load_dut_config, make_rng, write_throughput
 from tb.ndp_bench import NdpBenchBase, dram_times, silu_table
-from tb.streams import STALL_PROFILES, edge_now, start_after_reset, wait_for
+from tb.streams import (STALL_PROFILES, assert_high_from_to, edge_now, sample_each_edge,
+                        start_after_reset, wait_for)
 
 
 class SystemBench(NdpBenchBase):
@@ -250,9 +251,11 @@ async def test_ddr4_fed_dimms(dut):
 async def test_throughput(dut):
     """One Table II expert (Qwen3-30B-A3B's 2048 x 768, scaled to the buffers) over the N DIMMs
     for S = 1, 8 and max_tokens tokens: cycles against the cycle model, MAC utilization of the
-    N x M multipliers, written for make bench."""
+    N x M multipliers, written for make bench. ``busy`` is high from the edge after each
+    command's to the one its last result is taken at."""
     bench = _setup(dut, "throughput")
     await start_after_reset(dut, bench)
+    samples, sampler = sample_each_edge(dut, "busy")
     cfg = bench.cfg
     await bench.write_lut(silu_table(cfg))
     N, M = cfg.dimms, cfg.mults
@@ -270,10 +273,14 @@ async def test_throughput(dut):
         cycles = bench.y.received[-1][0] - command + 1
         want = golden.system_timeline([(inter, hidden, True, tokens)], N, cfg.out_depth, M)[2][-1]
         assert cycles == want + 1, f"S={tokens}: {cycles} cycles, expected {want + 1}"
+        await ClockCycles(dut.clk, 2)
+        assert_high_from_to(samples, "busy", command + 1, bench.y.received[-1][0],
+                            f"(S={tokens})")
         macs = golden.useful_macs(golden.OP_FFN_SLICE, inter, hidden, tokens)
         metrics[f"s{tokens}_cycles"] = cycles
         metrics[f"s{tokens}_mac_util"] = round(macs / (N * M * cycles), 3)
         done_macs += macs
+    sampler.cancel()
     write_throughput(metrics, "cycles from the command to the last result of one expert, "
                      "MAC utilization of the N x M multipliers",
                      edge_now() / (time.perf_counter() - wall), operations=done_macs)

@@ -13,7 +13,8 @@ from cocotb.triggers import ClockCycles
 from golden import fixed
 from golden import spiking_attention as golden
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import LONG_BURSTS, STALL_PROFILES, JobBench, start_after_reset
+from tb.streams import (LONG_BURSTS, STALL_PROFILES, JobBench, assert_high_from_to,
+                        sample_each_edge, start_after_reset)
 
 
 
@@ -195,9 +196,13 @@ async def test_bad_commands_set_sticky_error(dut):
 @cocotb.test()
 async def test_throughput(dut):
     """Waiting streams and a ready output: every qk beat, V beat and output on the edge the
-    golden cycle model gives (one timestep per max(d, N, max_head_dim) cycles)."""
+    golden cycle model gives (one timestep per max(d, N, max_head_dim) cycles). ``busy`` is
+    high from the edge after the command's to the one the last timestep's A.V column
+    max_head_dim - 1 leaves its array, 2 before it would be taken: past the last output by
+    the padding features (a second job, of head_dim = max_head_dim - 1, has one)."""
     bench = _setup(dut, "throughput")
     await start_after_reset(dut, bench)
+    samples, sampler = sample_each_edge(dut, "busy")
     cfg = bench.cfg
     tokens, steps, dim = cfg.max_tokens, 4, cfg.max_head_dim
     wall = time.perf_counter()
@@ -224,3 +229,16 @@ async def test_throughput(dut):
                      "cycles, adds (AND-popcount and A.V) per cycle",
                      (start + cycles) / (time.perf_counter() - wall),
                      operations=bench.synaptic_ops)
+
+    def check_busy(head_dim):
+        command, last_out = bench.sources["cmd"].sent_edges[-1], bench.out.received[-1][0]
+        assert_high_from_to(samples, "busy", command + 1,
+                            last_out - 2 + cfg.max_head_dim - head_dim, f"(head_dim {head_dim})")
+    await ClockCycles(dut.clk, 2)
+    check_busy(dim)
+    bench.job(*bench.random_job(max(1, tokens - 1), 2, max(1, dim - 1)))
+    await bench.drain()
+    await ClockCycles(dut.clk, cfg.max_head_dim + 8)    # the padding features, then idle
+    bench.check()
+    check_busy(max(1, dim - 1))
+    sampler.cancel()

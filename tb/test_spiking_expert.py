@@ -13,7 +13,8 @@ from cocotb.triggers import ClockCycles
 from golden import fixed
 from golden import spiking_expert as golden
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import STALL_PROFILES, JobBench, start_after_reset
+from tb.streams import (STALL_PROFILES, JobBench, assert_high_from_to, sample_each_edge,
+                        start_after_reset)
 
 
 
@@ -254,9 +255,12 @@ async def test_throughput(dut):
     """Waiting streams and a ready output: every input beat of a job with D_in >= C goes in
     one per cycle (no bubble between tiles), column 0 of each tile leaves column_latency
     edges after the tile's last beat and column j j edges later; synaptic operations per
-    cycle against the array's peak R x C."""
+    cycle against the array's peak R x C. ``busy`` is high from the edge after the command's
+    to the one the last tile's column C - 1 leaves the array, 2 before it would be taken: so
+    past the last row by the padding columns (a second job, of C - 1 pairs, has one)."""
     bench = _setup(dut, "throughput")
     await start_after_reset(dut, bench)
+    samples, sampler = sample_each_edge(dut, "busy")
     cfg = bench.cfg
     R, C = cfg.rows, cfg.cols
     d_in = max(C, 8)
@@ -288,3 +292,17 @@ async def test_throughput(dut):
                                                  / (2 * R * pairs), 3)},
                      "cycles, synaptic operations (adds of a weight on a 1 spike) per cycle",
                      outs[-1] / (time.perf_counter() - wall), operations=ops)
+
+    def check_busy(command, last_tile_end):
+        end = last_tile_end + latency + C - 1 - 2        # column C - 1 leaves the array
+        assert_high_from_to(samples, "busy", command + 1, end)
+    await ClockCycles(dut.clk, 2)
+    check_busy(bench.sources["cmd"].sent_edges[-1], taken[-1])
+    sent = len(taken)
+    bench.job(*bench.random_job(d_in, R, 1, max(1, C - 1)))
+    await bench.drain()
+    await ClockCycles(dut.clk, C + 8)                  # the padding columns, then idle
+    bench.check()
+    check_busy(bench.sources["cmd"].sent_edges[-1], bench.sources["w"].sent_edges[-1])
+    assert len(bench.sources["w"].sent_edges) == sent + d_in
+    sampler.cancel()

@@ -14,8 +14,8 @@ from golden import fixed
 from golden import spiking_moe as golden
 from golden.spiking_router import router_output_order
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import (STALL_PROFILES, JobBench, pause_fraction, start_after_reset,
-                        wait_for)
+from tb.streams import (STALL_PROFILES, JobBench, assert_high_from_to, pause_fraction,
+                        sample_each_edge, start_after_reset, wait_for)
 
 
 
@@ -306,9 +306,11 @@ async def test_bad_commands_set_sticky_error(dut):
 async def test_throughput(dut):
     """Waiting streams and ready outputs on a full-size layer: the cycle of every phase
     against the golden cycle model (activation load, routing, the cores in parallel, the
-    merged read-out at one beat per cycle); synaptic operations per cycle."""
+    merged read-out at one beat per cycle); synaptic operations per cycle. ``busy`` is high
+    from the edge after the command's to the one the last output beat is taken at."""
     bench = _setup(dut, "throughput")
     await start_after_reset(dut, bench)
+    samples, sampler = sample_each_edge(dut, "busy")
     cfg = bench.cfg
     layer = bench.random_layer(cfg.max_d_in, cfg.max_d_out, cfg.max_tokens, cfg.max_timesteps)
     wall = time.perf_counter()
@@ -330,6 +332,10 @@ async def test_throughput(dut):
     assert weights[-1] == model["weights_last"], f"weights end at {weights[-1]}"
     outs = relative(edge for edge, _ in bench.sinks["out"].received)
     assert outs == model["outputs"], f"outputs at {outs}, expected {model['outputs']}"
+    await ClockCycles(dut.clk, 3)
+    sampler.cancel()
+    assert not any(high for edge, high in samples["busy"].items() if edge <= start)
+    assert_high_from_to(samples, "busy", start + 1, start + outs[-1])
     cycles = outs[-1]
     spikes_out = sum(bin(int(b.spikes)).count("1") for _, b in bench.sinks["out"].received)
     d_out = cfg.max_d_out

@@ -15,7 +15,8 @@ from golden import fixed
 from golden import spiking_router as golden
 from hw.spiking_router import router_command_layout
 from tb.harness import load_dut_config, make_rng, write_throughput
-from tb.streams import STALL_PROFILES, JobBench, start_after_reset
+from tb.streams import (STALL_PROFILES, JobBench, assert_high_from_to, sample_each_edge,
+                        start_after_reset)
 
 
 
@@ -181,9 +182,12 @@ async def test_bad_commands_set_sticky_error(dut):
 async def test_throughput(dut):
     """Waiting streams and a ready output: every beat goes in one per cycle (no bubble between
     column tiles when T x D_in >= C), token j of a tile leaves route_latency + j edges after
-    the tile's last beat: one route per cycle."""
+    the tile's last beat: one route per cycle. ``busy`` is high from the edge after the
+    command's to the one the last token's scores leave the array, 3 before its route is
+    taken."""
     bench = _setup(dut, "throughput")
     await start_after_reset(dut, bench)
+    samples, sampler = sample_each_edge(dut, "busy")
     cfg = bench.cfg
     C = cfg.cols
     steps, d_in = 2, max(1, -(-C // 2))                # T x D_in >= C
@@ -202,6 +206,9 @@ async def test_throughput(dut):
         columns = outs[tile * C:(tile + 1) * C]
         want = [end + latency + j for j in range(len(columns))]
         assert columns == want, f"tile {tile}: routes at {columns}, expected {want}"
+    await ClockCycles(dut.clk, 1)
+    sampler.cancel()
+    assert_high_from_to(samples, "busy", bench.sources["cmd"].sent_edges[-1] + 1, outs[-1] - 3)
     cycles = outs[-1] - taken[0] + 1
     histogram = [0] * cfg.experts
     for _, mask, _, _ in bench.results():

@@ -163,3 +163,17 @@ def test_a_bench_started_again_keeps_the_running_clock(monkeypatch):
     started[0].finished = True          # the test ended: cocotb ended its clock
     streams.start_clock(dut)
     assert len(started) == 2
+
+
+def test_a_status_output_is_high_from_to_exactly():
+    # busy sampled at edges 3..20: high at 6..12 only.
+    samples = {"busy": {edge: int(6 <= edge <= 12) for edge in range(3, 21)}}
+    streams.assert_high_from_to(samples, "busy", 6, 12)
+    for first, last in ((5, 12), (7, 12), (6, 11), (6, 13)):
+        with pytest.raises(AssertionError, match="busy high at edges"):
+            streams.assert_high_from_to(samples, "busy", first, last)
+    with pytest.raises(AssertionError, match="not sampled yet"):
+        streams.assert_high_from_to(samples, "busy", 6, 19)
+    samples["busy"][14] = 1                              # high again two edges after
+    with pytest.raises(AssertionError):
+        streams.assert_high_from_to(samples, "busy", 6, 12)
