@@ -380,10 +380,14 @@ class StreamSource(_StreamEnd):
     -------
     sent_edges : list of int
         Edge of every transfer, in order.
+    always_ready : bool
+        The port's contract says it is always ready: a beat offered outside reset that is not
+        taken at the next edge raises :class:`ProtocolError` (set by :class:`StreamBench`).
     """
 
     def __init__(self, dut, name, layout, rng, gap_probability=0.0):
         super().__init__(dut, name, layout, rng)
+        self.always_ready = False
         self._valid_driven = None
         self._gaps = pauses(gap_probability, rng)
         self._in_reset = False
@@ -447,6 +451,9 @@ class StreamSource(_StreamEnd):
             self._queue.popleft()
             self._driving = False
         if self._driving:
+            if self.always_ready:
+                raise ProtocolError(f"{self.name}__ready low at edge {edge_now()} with a beat "
+                                    "offered: its contract says always ready")
             return  # valid stays high with a stable payload until the transfer
         if self._queue and edge_now() >= self._queue[0][1] and not self._gaps.next():
             self._payload.value = self._queue[0][0]
@@ -577,14 +584,17 @@ class StreamBench:
     Clock- and reset-aware: every driver samples ``rst`` at every edge; a reset makes the
     sources drop the beat they offer and everything queued (the block forgets what it took, so
     the test queues its jobs afresh) and restarts the monitors' protocol rules. :meth:`reset`
-    resets the block mid-job, with no stop and start around it.
+    resets the block mid-job, with no stop and start around it. The sources named in
+    ``always_ready`` check that every beat they offer outside reset is taken at once.
     """
 
     def __init__(self, dut, component, rng, sources=(), sinks=(), gap=0.0, stall=0.0,
-                 monitors=()):
+                 monitors=(), always_ready=()):
         self.dut, self.rng = dut, rng
         self.sources = {name: StreamSource(dut, name, stream_layout(component, name), rng, gap)
                         for name in sources}
+        for name in always_ready:
+            self.sources[name].always_ready = True
         self.sinks = {name: StreamSink(dut, name, stream_layout(component, name), rng, stall)
                       for name in sinks}
         self.monitors = {name: StreamMonitor(dut, name, stream_layout(component, name))

@@ -28,7 +28,7 @@ class GateBench(StreamBench):
 
     def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
         super().__init__(dut, component, rng, ("x", "wg", "gate_lut", "table"), ("packet",),
-                         gap, stall)
+                         gap, stall, always_ready=("wg", "gate_lut", "table"))
         self.cfg = config
         self.packet = self.sinks["packet"]
         self.board = InOrderScoreboard("packet", component.packet.payload.shape())

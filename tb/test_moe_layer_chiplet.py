@@ -27,7 +27,7 @@ class ChipletBench(StreamBench):
 
     def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
         super().__init__(dut, component, rng, ("down", "weights", "assign", "act_lut"), ("up",),
-                         gap, stall)
+                         gap, stall, always_ready=("act_lut",))
         self.cfg = config
         self.up = self.sinks["up"]
         self.board = InOrderScoreboard("up", component.up.payload.shape())

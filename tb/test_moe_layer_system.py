@@ -41,7 +41,8 @@ class LayerBench(StreamBench):
     chiplet takes (from ``leaf_packets``)."""
 
     def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
-        super().__init__(dut, component, rng, inputs(config), ("y",), gap, stall)
+        super().__init__(dut, component, rng, inputs(config), ("y",), gap, stall,
+                         always_ready=("wg", "gate_lut", "table", "act_lut"))
         self.cfg = config
         self.y = self.sinks["y"]
         self.model = None

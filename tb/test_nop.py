@@ -70,7 +70,8 @@ class TreeBench(StreamBench):
         leaves = golden.leaf_count(tuple(config.fanouts))
         super().__init__(dut, component, rng,
                          ["down_in"] + [f"up_in__{i}" for i in range(leaves)],
-                         ["up_out"] + [f"down_out__{i}" for i in range(leaves)], gap, stall)
+                         ["up_out"] + [f"down_out__{i}" for i in range(leaves)], gap, stall,
+                         always_ready=[f"up_in__{i}" for i in range(leaves)])
         self.cfg = config
         self.fanouts = tuple(config.fanouts)
         self.leaves = leaves

@@ -23,7 +23,8 @@ class RouterBench(StreamBench):
     """Sources on ``scores`` and ``table``, a sink on ``route``, the golden expectations."""
 
     def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
-        super().__init__(dut, component, rng, ("scores", "table"), ("route",), gap, stall)
+        super().__init__(dut, component, rng, ("scores", "table"), ("route",), gap, stall,
+                         always_ready=("table",))
         self.cfg = config
         self.scores, self.table = self.sources["scores"], self.sources["table"]
         self.routes = self.sinks["route"]

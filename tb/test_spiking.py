@@ -21,7 +21,8 @@ class LifBench(StreamBench):
     """Sources on ``x`` and ``params``, a sink on ``s``; the golden replay."""
 
     def __init__(self, dut, config, component, rng, gap=0.0, stall=0.0):
-        super().__init__(dut, component, rng, ("x", "params"), ("s",), gap, stall)
+        super().__init__(dut, component, rng, ("x", "params"), ("s",), gap, stall,
+                         always_ready=("params",))
         self.cfg = config
         self.x, self.params, self.s = self.sources["x"], self.sources["params"], self.sinks["s"]
         self.inputs = []             # (x list, last)

@@ -177,3 +177,24 @@ def test_a_status_output_is_high_from_to_exactly():
     samples["busy"][14] = 1                              # high again two edges after
     with pytest.raises(AssertionError):
         streams.assert_high_from_to(samples, "busy", 6, 12)
+
+
+def test_an_always_ready_source_fails_on_a_beat_not_taken_at_once(monkeypatch):
+    dut = _Dut()
+    source = streams.StreamSource(dut, "p", LAYOUT, random.Random(1))
+    source.always_ready = True
+
+    def edge(index, rst, ready):
+        monkeypatch.setattr(streams, "edge_now", lambda: index)
+        dut.rst.value, dut.p__ready.value = _Value(rst), _Value(ready)
+        source._step()
+
+    source.send({"data": 1})
+    source.send({"data": 2})
+    edge(0, 0, 0)                                    # offered from here
+    edge(1, 0, 1)                                    # taken at once
+    edge(2, 1, 0)                                    # a reset may hold ready low
+    source.send({"data": 3})
+    edge(3, 0, 0)                                    # offered again after it
+    with pytest.raises(ProtocolError, match="p__ready low at edge 4 .* always ready"):
+        edge(4, 0, 0)
