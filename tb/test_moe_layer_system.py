@@ -444,7 +444,8 @@ async def _until_unchanged(dut, read, quiet, max_cycles, what):
 @cocotb.test()
 async def test_y_held_until_the_layer_is_full(dut):
     """y not ready at all while more tokens arrive than the layer can hold (max_inflight, two
-    batches per chiplet and a batch more, as token ids allow): every switch's in-flight slots and
+    batches per chiplet and a batch more, and at least max_inflight + 1 and all the gate holds,
+    as token ids allow): every switch's in-flight slots and
     the chiplets' queues fill and the layer stops taking x, a y beat offered meanwhile held
     unchanged (the monitor); the root keeps exactly max_inflight tokens in flight (one more
     where y is one flit a token), so the chiplets take the packets of the first that many
@@ -452,7 +453,13 @@ async def test_y_held_until_the_layer_is_full(dut):
     held = HeldPauses()
     bench = await _setup(dut, "held", 0.0, held)
     cfg = bench.cfg
-    sent = min(cfg.max_inflight + 2 * cfg.batch * cfg.leaves + cfg.batch, 1 << cfg.token_width)
+    # The gate holds at most 2 * gate latency + 8 tokens undispatched (its x FIFO: router
+    # latency + 7 tokens and one beat; its stages: one token each): with small batches the
+    # first count alone is less than the layer holds (batch=1: 41 tokens, all taken).
+    gate_holds = 2 * golden.gate_latency(cfg.k, cfg.groups, cfg.topk_groups,
+                                         cfg.scale_format) + 8
+    sent = min(max(cfg.max_inflight + 2 * cfg.batch * cfg.leaves + cfg.batch,
+                   cfg.max_inflight + 1 + gate_holds), 1 << cfg.token_width)
     bench.send_tokens([bench.random_x() for _ in range(sent)])
     x_beats = bench.sources["x"].sent_edges
     quiet = 4 * cfg.batch_wait + 400

@@ -562,6 +562,19 @@ def test_layer_cocotb(params, simulator):
     assert run_block("moe_layer", params, simulator).tests == LAYER_COCOTB_TESTS
 
 
+# One-flit tokens (D <= L, X = 1): with y held the root dispatches one token more (docs
+# Timing); no configuration above has them. A small layer, that test alone (make test's time).
+ONE_FLIT_LAYER = {"fanouts": (2,), "experts": 4, "slots": 2, "d_model": 2, "d_ff": 2,
+                  "lanes": 2, "rows": 2, "cols": 2, "arrays": 1, "batch": 2}
+
+
+@pytest.mark.parametrize("simulator", ["icarus", "verilator"])
+def test_layer_with_one_flit_tokens_and_y_held(simulator):
+    assert get_block("moe_layer").config(**ONE_FLIT_LAYER).x_flits == 1
+    assert run_block("moe_layer", ONE_FLIT_LAYER, simulator,
+                     testcase=["test_y_held_until_the_layer_is_full"]).tests == 1
+
+
 @pytest.mark.parametrize("params, name", [
     ({"experts": 9}, "experts"),                           # 9 experts, 4 chiplets of 2 slots
     ({"d_model": 64, "lanes": 1}, "d_model"),              # a packet longer than 64 flits
