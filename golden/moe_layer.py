@@ -656,9 +656,11 @@ def chiplet_batch_edges(slot_tokens, shape, tokens, loaded=None):
     flits per token, back to back.
 
     A slot's weights still loading (``loaded``): its first gu phase is planned no earlier than
-    the edge after its last beat. Meanwhile, at the first edge with room, the planner plans the
-    down phase it holds back for the previous group (if any), so that group finishes while the
-    slot loads; the gu follows once the slot is loaded.
+    the edge after its last beat. Meanwhile, once the tile runs dry (every planned phase's last
+    pair taken, and the previous group's last gate/up row written into h), the planner plans
+    the down phase it holds back for that group, so that group finishes while the slot loads;
+    the gu follows once the slot is loaded. A load in by then keeps the usual order: the gu
+    first, its tiles covering the wait for h.
     """
     loaded = list(loaded) if loaded is not None else [None] * len(slot_tokens)
     R, C = shape.rows, shape.cols
@@ -704,11 +706,17 @@ def chiplet_batch_edges(slot_tokens, shape, tokens, loaded=None):
         if ready is not None and edge < ready + 1:
             held = position + 1 < len(actions) and actions[position + 1][:2] == ("down",
                                                                               group - 1)
-            if held:                             # the held-back down goes first
-                planned.append(edge)
-                phases.append(("down", group - 1))
-                skip = True
-                edge = room(edge + 1)
+            if held:
+                # the held-back down goes first if the tile runs dry before the load is in:
+                # every planned phase's last pair taken and the held group's h written
+                last = _phase_end(ends, planned, phases, len(planned) - 1, shape, R,
+                                  result_lag, last_gu_pair)
+                release = max(edge, last + 1, last_gu_pair[group - 1] + result_lag + 1)
+                if release < ready + 1:
+                    planned.append(release)
+                    phases.append(("down", group - 1))
+                    skip = True
+                    edge = room(release + 1)
             edge = max(edge, ready + 1)
         planned.append(edge)
         phases.append((kind, group))

@@ -1120,6 +1120,12 @@ class ExpertChiplet(TieredComponent):
         plan = m.submodules.plan = SyncFIFO(width=phase_layout.size, depth=PLAN_DEPTH)
         jobs = m.submodules.jobs = SyncFIFO(width=phase_layout.size, depth=PLAN_DEPTH)
 
+        # Tiles given to the tile whose last result row is not written yet: all of them, and
+        # those of gu phases per h buffer (a down phase starts when its buffer's count is 0).
+        tree = ceil_log2(n)
+        in_flight = Signal(range(C + R + tree + 7 + golden.RESULT_STAGES))
+        gu_flight = [Signal(range(C + R + tree + 7 + golden.RESULT_STAGES),
+                            name=f"gu_flight_{q}") for q in range(2)]
         slot = Signal(range(S))
         group = Signal(range(T + R + 1))               # index into the slot's members
         parity = Signal()                              # of the next group found
@@ -1181,10 +1187,13 @@ class ExpertChiplet(TieredComponent):
             with m.Elif(done_slot):                    # visit the next slot
                 m.d.sync += [slot.eq(slot + 1), group.eq(0)]
             with m.Elif(~select(slot, loaded)):        # its weights are not in yet: wait,
-                with m.If(held_valid):                 # finishing the held group first
-                    m.d.comb += [push.eq(room), pushed.eq(down_of_held)]
-                    with m.If(room):
-                        m.d.sync += held_valid.eq(0)
+                # finishing the held group once the tile runs dry (every planned phase's last
+                # pair taken, its h written). Not sooner: were the load in first, its gu would
+                # wait behind that down, and not cover the wait for h as it does in order.
+                dry = ~plan.r_rdy & ~phase_in_slice & (select(held.parity, gu_flight) == 0)
+                with m.If(held_valid & dry):
+                    m.d.comb += [push.eq(1), pushed.eq(down_of_held)]
+                    m.d.sync += held_valid.eq(0)
             with m.Else():                             # plan this group's gu
                 m.d.comb += [push.eq(room), pushed.eq(found)]
                 with m.If(room):
@@ -1204,16 +1213,12 @@ class ExpertChiplet(TieredComponent):
             m.d.comb += read_job(rjob.payload, job.base, shape.gu_beats)
 
         # Tile descriptors, in issue order: what each tile's R result rows are.
-        tree = ceil_log2(n)
         desc_layout = data.StructLayout({
             "kind": 2, "chunk": range(max(cF, cD)), "parity": 1, "rows": range(R + 1),
             "token": data.ArrayLayout(range(TT), R),
             "gate": data.ArrayLayout(cfg.gate_width, R)})
         descs = m.submodules.descriptors = SyncFIFO(width=desc_layout.size,
                                                     depth=C + R + tree + 4)
-        in_flight = Signal(range(C + R + tree + 7 + golden.RESULT_STAGES))
-        gu_flight = [Signal(range(C + R + tree + 7 + golden.RESULT_STAGES),
-                            name=f"gu_flight_{q}") for q in range(2)]
 
         # Executor: the plan's head phase, its tiles one after another.
         phase = Signal(phase_layout)
