@@ -635,8 +635,9 @@ def chiplet_batch_edges(slot_tokens, shape, tokens, loaded=None):
     -------
     dict
         Edges counted from the edge that takes the batch's final dispatch flit (0):
-        ``first_return`` (the first return flit taken) and ``compute_edges`` (the tile's
-        busy span: from the first pair taken to the last result row).
+        ``first_return`` (the first return flit taken), ``compute_edges`` (the tile's
+        busy span: from the first pair taken to the last result row) and ``h_written``
+        (per group, slot order: the edge its last gate/up result row is written into h).
 
     Schedule (docs/blocks/moe_layer.md). The planner takes one action per edge from edge 1:
     visit a slot that has no group left (to the next slot), plan a group's gu phase, plan the
@@ -729,7 +730,9 @@ def chiplet_batch_edges(slot_tokens, shape, tokens, loaded=None):
         last_result = last_pair + result_lag
     emitting = max(max(edge_plan_done, last_pair) + 1, last_result) + 1
     busy = last_result - RESULT_STAGES - first_pair + 1 if first_pair is not None else 0
-    return {"first_return": emitting + 1, "done": emitting, "compute_edges": busy}
+    h_written = [last_gu_pair[group] + result_lag for group in range(groups)]
+    return {"first_return": emitting + 1, "done": emitting, "compute_edges": busy,
+            "h_written": h_written}
 
 
 def chiplet_stream_returns(batches, shape, banks, flits, arrivals, *, batch, batch_wait):

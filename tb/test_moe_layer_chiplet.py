@@ -57,10 +57,10 @@ class ChipletBench(StreamBench):
         return (matrix(cfg.d_ff, cfg.d_model), matrix(cfg.d_ff, cfg.d_model),
                 matrix(cfg.d_model, cfg.d_ff))
 
-    def load(self, slot, expert, weights=None, scales=None):
+    def load(self, slot, expert, weights=None, scales=None, hold_last=False):
         """Queue one expert's load into ``slot``; the golden slot follows. Floating point:
         ``scales`` its weight blocks' scales (``scale_format`` codes: random with random
-        weights, else unit)."""
+        weights, else unit). ``hold_last``: the last beat is returned, to be sent later."""
         assigned = self.slot_expert.get(slot, (None, None))[1]
         if scales is None:                  # an assigned expert's (below), else random
             scales = (self.slot_scales[slot] if weights is not None and weights is assigned
@@ -69,11 +69,14 @@ class ChipletBench(StreamBench):
         weights = weights or self.random_expert()
         beats = golden.weight_beats(self.shape, *weights)
         extra = {"scale": scales} if self.floating else {}
-        for index, beat in enumerate(beats):
-            self.sources["weights"].send({"slot": slot, "expert": expert, **extra,
-                                          "data": beat, "last": int(index == len(beats) - 1)})
+        items = [{"slot": slot, "expert": expert, **extra, "data": beat,
+                  "last": int(index == len(beats) - 1)} for index, beat in enumerate(beats)]
+        held = items.pop() if hold_last else None
+        for item in items:
+            self.sources["weights"].send(item)
         self.slot_expert[slot] = (expert, weights)
         self.slot_scales[slot] = scales
+        return held
 
     def assign(self, slot, expert, weights=None):
         """Queue an assignment of ``expert`` to ``slot`` (its weights, and random scales, to
@@ -573,7 +576,8 @@ async def test_weights_stream_while_computing(dut):
     back, y exact. Then, while a second batch is held, slot 0 is assigned again: the
     assignment is taken at the edge after that batch's last return flit (the edge its tokens
     are no longer held), and a third batch waits for the new weights, loaded after its tokens
-    came."""
+    came. Last, slot 1's load ends just before slot 0's last h is written
+    (:func:`_load_in_before_h`)."""
     bench = await _setup(dut, "stream")
     cfg = bench.cfg
     flits = cfg.header_flits + cfg.x_flits
@@ -639,6 +643,70 @@ async def test_weights_stream_while_computing(dut):
     bench.load(0, experts[0], new)
     await bench.finish(_budget(bench, 2 * cfg.batch))
     assert not dut.error.value
+    if cfg.slots > 1 and (cfg.k > 1 or cfg.batch > 1):     # a batch can choose two slots
+        await _load_in_before_h(bench)
+        assert not dut.error.value
+
+
+async def _load_in_before_h(bench):
+    """Slot 1's load ends just before the tile has written slot 0's last group's h: the
+    planner, waiting for slot 1, has not planned that group's held-back down phase (the tile
+    is not dry), so slot 1's gate/up goes first, as with every slot resident, and covers the
+    wait for h. First return cycle-exact, and sooner than with every slot loaded first."""
+    dut, cfg = bench.dut, bench.cfg
+    flits = cfg.header_flits + cfg.x_flits
+    queue = 1 if cfg.queue_tokens else 0
+    experts, weights = _stream_setup(bench)
+    await wait_for(dut, lambda: bench.sources["assign"].idle, 50, "assignments taken")
+    for slot in [0] + list(range(2, cfg.slots)):
+        bench.load(slot, experts[slot], weights[slot])
+    last_beat = bench.load(1, experts[1], weights[1], hold_last=True)
+    await wait_for(dut, lambda: bench.sources["weights"].idle, _budget(bench, cfg.batch),
+                   "the loads but slot 1's last beat")
+    first = len(bench.token_slots)
+    for index in range(cfg.batch):
+        choices = bench.random_choices(held=cfg.k)
+        if cfg.k == 1:
+            choices[0] = (experts[index % 2], choices[0][1])
+        else:
+            others = [c for c in choices if c[0] not in experts[:2]]
+            choices = [(e, g) for e, (_, g) in zip(experts[:2], choices)] + others[:cfg.k - 2]
+        bench.send_token(bench.random_x(), choices)
+    sent = bench.sources["down"].sent_edges
+    await wait_for(dut, lambda: len(bench.token_slots) == first + cfg.batch and
+                   bench.sources["down"].idle, _budget(bench, cfg.batch), "the batch")
+    arrival = sent[-1] + queue
+    slot_tokens = [sum(slot in bench.token_slots[t] for t in range(first, first + cfg.batch))
+                   for slot in range(cfg.slots)]
+    resident = golden.chiplet_stream_edges(
+        [(slot_tokens, cfg.batch)], bench.shape, cfg.token_banks, flits, [arrival],
+        batch=cfg.batch, batch_wait=cfg.batch_wait)
+    start = resident["closes"][0]
+    held = -(-slot_tokens[0] // cfg.rows) - 1                # slot 0's last group
+    h_written = start + golden.chiplet_batch_edges(
+        slot_tokens, bench.shape, cfg.batch)["h_written"][held]
+    while edge_now() < h_written - 4:
+        await RisingEdge(dut.clk)
+    bench.sources["weights"].send(last_beat)
+    await wait_for(dut, lambda: bench.sources["weights"].idle, 50, "slot 1's last beat")
+    loaded = bench.sources["weights"].sent_edges[-1]
+    received = len(bench.up.received)
+    await wait_for(dut, lambda: len(bench.up.received) >= received + cfg.batch * flits,
+                   _budget(bench, cfg.batch), "the batch's returns")
+    returned = [edge for edge, _ in bench.up.received[received:]]
+    assert start < loaded < h_written, \
+        f"slot 1 loaded at {loaded}, the planner took the batch at {start}, h at {h_written}"
+    edges = golden.chiplet_stream_edges(
+        [(slot_tokens, cfg.batch)], bench.shape, cfg.token_banks, flits, [arrival],
+        batch=cfg.batch, batch_wait=cfg.batch_wait,
+        loaded=[[loaded if slot == 1 else None for slot in range(cfg.slots)]])
+    dut._log.info(f"slot 1 loaded at {loaded} (h at {h_written}), first return {returned[0]}; "
+                  f"resident: {resident['firsts'][0]}")
+    assert returned[0] == edges["firsts"][0], \
+        f"first return at {returned[0]}, expected {edges['firsts'][0]} (slots {slot_tokens})"
+    assert returned == list(range(returned[0], returned[0] + len(returned))), "a bubble"
+    assert returned[0] < loaded + resident["firsts"][0] - start
+    await bench.finish(_budget(bench, cfg.batch))
 
 
 @cocotb.test()
