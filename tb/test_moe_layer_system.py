@@ -15,6 +15,7 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from golden import fp as golden_fp
 from golden import moe_layer as golden
 from golden import ndp as golden_ndp
+from golden import nop as golden_nop
 from golden.dram import Ddr4Stream
 from golden.fixed import signed_limits
 from tb.fp8 import (largest_code, random_code, random_scale, random_scales, random_token,
@@ -61,6 +62,7 @@ class LayerBench(StreamBench):
     def clear_counts(self):
         links = len(self.dut.down_link_fire.value)
         self.leaf_tokens = [0] * self.cfg.leaves
+        self.leaf_packet_edges = [[] for _ in range(self.cfg.leaves)]
         self.link_flits = {"down": [0] * links, "up": [0] * links}
 
     async def _count_taps(self):
@@ -71,7 +73,9 @@ class LayerBench(StreamBench):
             if not self.dut.rst.value:
                 bits = int(self.dut.leaf_packets.value)
                 for leaf in range(self.cfg.leaves):
-                    self.leaf_tokens[leaf] += (bits >> leaf) & 1
+                    if (bits >> leaf) & 1:
+                        self.leaf_tokens[leaf] += 1
+                        self.leaf_packet_edges[leaf].append(edge_now())
                 for way in ("down", "up"):
                     bits = int(getattr(self.dut, f"{way}_link_fire").value)
                     counts = self.link_flits[way]
@@ -552,6 +556,174 @@ async def test_weights_stream_while_the_batch_computes(dut):
         assert bench.leaf_tokens == out["chiplet_tokens"]
 
 
+@cocotb.test()
+async def test_every_y_at_the_edge_of_the_golden_schedule(dut):
+    """Cycle-exact through the whole layer, every port ready, the weights resident. Each round
+    sends one x (non-negative, x[0] the largest) to the k experts of one chiplet first (W_g's
+    columns the largest weight for them, the smallest for the rest; the route is whatever the
+    scores give, the same for every token), chiplet by chiplet: every chiplet the mask holds
+    takes every token, in order, and returns them in order. Per such chiplet, the edges it
+    took each packet's last flit (``leaf_packets``) give its batches (``batch`` tokens in
+    turn, the last partial) to ``golden.moe_layer.chiplet_stream_edges``: each token's return
+    ends P - 1 edges after its first flit, its batch's returns back to back from the batch's
+    first. Then ``golden.nop.combine_first_edge`` gives the root's first combined flit, and
+    y's first flit follows the H header flits the layer drops: every token's y at exactly
+    that edge, its X flits back to back. 2 full batches and a partial one (as max_inflight
+    and token ids allow: the root never holds dispatch back). (moe_layer's mutant 20 of
+    2026-12-01, a chiplet's planner taking a closed bank one edge late, changed only when y
+    left.)"""
+    bench = await start_bench(LayerBench, dut, "schedule")
+    cfg = bench.cfg
+    chiplet = cfg.chiplet_config()
+    shape = chiplet.schedule
+    flits = cfg.header_flits + cfg.x_flits
+    queue = 1 if chiplet.queue_tokens else 0       # the queue adds an edge before the collector
+    count = min(2 * cfg.batch + max(1, cfg.batch // 2), cfg.max_inflight, 1 << cfg.token_width)
+    low, high = signed_limits(cfg.w_width)
+    bench.unit_x_scales = True
+    base = bench.random_model()
+    for leaf in range(cfg.leaves):
+        chosen = sorted(range(cfg.experts),
+                        key=lambda e: (base.placement[e] != leaf, e))[:cfg.k]
+        model = dataclasses.replace(base, wg=[[high if e in chosen else low
+                                               for e in range(cfg.experts)]] * cfg.d_model)
+        await bench.configure(model)
+        # One x for every token of the round: the same scores, so the same route whatever
+        # the widths do to them (a score accumulator that wraps, 1-bit codes).
+        if bench.floating:
+            x = [largest_code(cfg.dtype)] + [golden_fp.encode(bench.rng.random(), cfg.dtype)
+                                             for _ in range(cfg.d_model - 1)]
+        else:
+            x_high = signed_limits(cfg.in_width)[1]
+            x = [x_high] + [bench.rng.randint(0, x_high) for _ in range(cfg.d_model - 1)]
+        tokens = [x] * count
+        bench.clear_counts()
+        bench.expected.clear()
+        bench.y.received.clear()
+        out = bench.send_tokens(tokens)
+        await bench.finish(_budget(bench, count))
+        mask = out["masks"][0]
+        tags = {(at, slot): expert for at, slot, expert, _ in bench.resident_loads(model)}
+        experts = {e for e, _ in model.choices(out["experts"][0], out["gates"][0])}
+        return_last = {}                    # per chiplet of the mask: each token's last flit
+        for at in range(cfg.leaves):
+            if not (mask >> at) & 1:
+                continue
+            arrived = bench.leaf_packet_edges[at]
+            assert len(arrived) == count, f"chiplet {at} took {len(arrived)} packets"
+            members = [range(b, min(count, b + cfg.batch)) for b in range(0, count, cfg.batch)]
+            batches = [([len(group) if tags[at, slot] in experts else 0
+                         for slot in range(cfg.slots)], len(group)) for group in members]
+            firsts = golden.chiplet_stream_edges(
+                batches, shape, cfg.token_banks, flits,
+                [arrived[group[-1]] + queue for group in members], batch=cfg.batch,
+                batch_wait=cfg.batch_wait)["firsts"]
+            return_last[at] = [firsts[b] + (j + 1) * flits - 1
+                               for b, group in enumerate(members) for j in range(len(group))]
+        packets = [bench.y.received[i:i + cfg.x_flits]
+                   for i in range(0, len(bench.y.received), cfg.x_flits)]
+        for token, packet in enumerate(packets):
+            edges = [edge for edge, _ in packet]
+            assert int(packet[0][1].token) == token, f"y of token {packet[0][1].token} " \
+                f"where token {token}'s was due (chiplets {mask:b})"
+            expected = golden_nop.combine_first_edge(
+                mask, {at: ends[token] for at, ends in return_last.items()}, flits,
+                tuple(cfg.fanouts)) + cfg.header_flits
+            assert edges == list(range(expected, expected + cfg.x_flits)), \
+                (f"chiplets {mask:b}: token {token}'s y at edges {edges}, expected from "
+                 f"{expected} (its returns' last flits {[r[token] for r in return_last.values()]})")
+        dut._log.info(f"chiplets {mask:b}: {count} tokens' y at the golden edges, the last at "
+                      f"{packets[-1][0][0]}")
+
+
+def _held_slots(bench, loads, out):
+    """``(leaf, slot)`` pairs the golden routing's tokens hold while no slot is loaded: a
+    chiplet's token banks take the first ``token_banks * batch`` tokens sent to it (later ones
+    wait in its queue and hold nothing), and a token in a bank holds each of the chiplet's
+    slots whose expert (the tag ``loads`` gave it) is among its choices, the slots the
+    placement left over (tagged expert 0) included."""
+    cfg = bench.cfg
+    held, banked = set(), [0] * cfg.leaves
+    for experts, gates, mask in zip(out["experts"], out["gates"], out["masks"]):
+        chosen = {e for e, _ in bench.model.choices(experts, gates)}
+        for leaf in range(cfg.leaves):
+            if (mask >> leaf) & 1 and banked[leaf] < cfg.token_banks * cfg.batch:
+                banked[leaf] += 1
+                held |= {(at, slot) for at, slot, expert, _ in loads
+                         if at == leaf and expert in chosen}
+    return sorted(held)
+
+
+@cocotb.test()
+async def test_an_assignment_waits_for_the_tokens_holding_its_slot(dut):
+    """Every chiplet's slots assigned, not loaded; a batch dispatched, whose tokens wait in the
+    chiplets holding the slots they chose. An assignment of a held slot (its own expert again)
+    is not taken while the slot is held: none for 2 * batch_wait + 100 cycles, and later only
+    after that slot's load has ended (the contract: taken when the slot is neither held nor
+    being loaded). The assignments queue on one port, so only the first can be seen waiting:
+    one round per held slot, each held slot first once (as many rounds as leaves x slots at
+    most); then the loads, y bit-exact, and every assignment taken. Gaps on every input,
+    stalls on y. (moe_layer's mutant 12 of 2026-12-01, chiplet 0 taking an assignment of its
+    slot 0 while tokens held it, passed every other test.)"""
+    bench = await _setup(dut, "held-assign", 0.2, 0.2)
+    cfg = bench.cfg
+    shape = cfg.chiplet_config().schedule
+    tested, rounds = set(), 0
+    while rounds < cfg.leaves * cfg.slots:
+        rounds += 1
+        model = bench.random_model()
+        await bench.configure(model, weights=False)
+        loads = bench.resident_loads(model)
+        for leaf, slot, expert, _ in loads:
+            bench.sources["assign"].send({"leaf": leaf, "slot": slot, "expert": expert})
+        await wait_for(dut, lambda: bench.sources["assign"].idle, 40 * len(loads) + 200,
+                       "slots assigned")
+        bench.expected.clear()
+        bench.y.received.clear()
+        # No more than the token banks hold, nor than the root dispatches before any returns
+        # (max_inflight): a token left in a chiplet's queue or the root's would be collected
+        # after an assignment was taken and wait for a load that never comes.
+        count = min(cfg.token_banks * cfg.batch, cfg.max_inflight, 1 << cfg.token_width)
+        tokens = [bench.random_x() for _ in range(count)]
+        held = _held_slots(bench, loads, bench.send_tokens(tokens))
+        untested = [pair for pair in held if pair not in tested]
+        if not untested:
+            break
+        # Every packet in its chiplet (the counts unchanged), then the held slots reassigned,
+        # a slot not yet seen waiting first.
+        await _until_unchanged(dut, lambda: list(bench.leaf_tokens), 2 * cfg.batch_wait + 100,
+                               2 * _budget(bench, len(tokens), 0.2, 0.2), "packets settled")
+        order = untested[:1] + [pair for pair in held if pair != untested[0]]
+        tags = {(leaf, slot): expert for leaf, slot, expert, _ in loads}
+        source = bench.sources["assign"]
+        source.sent_edges.clear()
+        for leaf, slot in order:
+            source.send({"leaf": leaf, "slot": slot, "expert": tags[leaf, slot]})
+        await ClockCycles(dut.clk, 2 * cfg.batch_wait + 100)
+        assert not source.sent_edges, \
+            f"chiplet {order[0][0]} took an assignment of its slot {order[0][1]}, held by tokens"
+        tested.add(order[0])
+        bench.clear_weight_edges()
+        bench.send_loads(loads)
+        await bench.finish(_budget(bench, len(tokens), 0.2, 0.2))
+        await wait_for(dut, lambda: source.idle and all(
+            bench.sources[f"weights__{g}"].idle for g in range(cfg.switch_groups)),
+            _budget(bench, 1, 0.2, 0.2) + 30 * len(loads) * shape.expert_beats,
+            "the loads, and the assignments once their slots were free")
+        # Each slot's load ends at its last beat on its switch group's port.
+        load_end = {}
+        for group in range(cfg.switch_groups):
+            edges = bench.sources[f"weights__{group}"].sent_edges
+            mine = [load for load in loads if load[0] // cfg.group_leaves == group]
+            for index, (leaf, slot, _, _) in enumerate(mine):
+                load_end[leaf, slot] = edges[(index + 1) * shape.expert_beats - 1]
+        for (leaf, slot), taken in zip(order, source.sent_edges):
+            assert taken > load_end[leaf, slot], \
+                f"chiplet {leaf} slot {slot}: assignment taken at {taken}, before its load ended"
+    dut._log.info(f"{len(tested)} held slots seen waiting in {rounds} rounds: {sorted(tested)}")
+    assert tested
+
+
 def _steered_model(bench, model, edges):
     """``(model, c)``: ``model`` with a constant gate table G = 2**gate_width - 1 and each
     expert e made to output one constant vector y_e, whatever the token, so that G*y_e has its
@@ -653,7 +825,11 @@ async def test_two_experts_of_a_chiplet_sum_at_the_rounding_edge(dut):
     routed experts taken in turn, and their first two experts' G*y end in (half + 1, all
     ones): the sum's bits below gate_shift exactly one half, so any set bit of either addend
     lost (or a carry) moves the return down; then (half - 1, 0): one below half, so any bit
-    gained moves it up. Every token slot and element of those chiplets gets such a sum
+    gained moves it up; then (half - 1, 1): one half again, reached by a carry through every
+    bit the first addend has below half, so any of them lost in its write moves the return
+    down (moe_layer's mutant 8 of 2026-12-01, bit 2 of chiplet 1's sum of token slot 11,
+    element 3, inverted at each write, passed the first two: its flips cancel or stay below
+    the rounding point there). Every token slot and element of those chiplets gets such a sum
     (moe_layer's mutant 1 of 2026-11-27: bit 3 of the addend into token slot 8's element 2
     tied to 0, which no other test saw); the log says how many tokens the golden routing put
     there. Floating point, k = 1, no chiplet with two routed experts, or edges the widths
@@ -682,7 +858,7 @@ async def test_two_experts_of_a_chiplet_sum_at_the_rounding_edge(dut):
     # of one Verilog module, but `moegen mutate` mutates the flattened netlist one instance
     # at a time: every steerable chiplet is covered, not just one.
     leaves = pairs[:cfg.d_model - 1]
-    for first, second in (((half + 1) % modulus, modulus - 1), (half - 1, 0)):
+    for first, second in (((half + 1) % modulus, modulus - 1), (half - 1, 0), (half - 1, 1)):
         edges = [0] * len(model.experts)
         for leaf in leaves:
             edges[per_leaf[leaf][0]], edges[per_leaf[leaf][1]] = first, second
