@@ -214,7 +214,7 @@ class LayerBench(StreamBench):
         start = edge_now()
         self.loaded_beats = 0
         for group in range(cfg.switch_groups):
-            mine = [load for load in loads if load[0] // cfg.group_leaves == group]
+            mine = self.group_loads(loads, group)
             total = len(mine) * shape.expert_beats
             arrival = (Ddr4Stream(beat_bytes * total).beat_ready_cycles(beat_bytes, total)
                        if dram and total else [0] * total)
@@ -229,6 +229,21 @@ class LayerBench(StreamBench):
                         start + arrival[beat_index] if dram else 0)
                     beat_index += 1
             self.loaded_beats += beat_index
+
+    def group_loads(self, loads, group):
+        """The loads of ``loads`` on switch group ``group``'s weight port, in sending order."""
+        return [load for load in loads if load[0] // self.cfg.group_leaves == group]
+
+    def load_end_edges(self, loads):
+        """``{(leaf, slot): edge}``: the edge each load sent by :meth:`send_loads` (since the
+        last :meth:`clear_weight_edges`) had its last beat taken."""
+        beats = self.cfg.chiplet_config().schedule.expert_beats
+        ends = {}
+        for group in range(self.cfg.switch_groups):
+            edges = self.sources[f"weights__{group}"].sent_edges
+            for index, (leaf, slot, _, _) in enumerate(self.group_loads(loads, group)):
+                ends[leaf, slot] = edges[(index + 1) * beats - 1]
+        return ends
 
     def weight_edges(self):
         """Every weight beat's taken edge, all groups."""
@@ -710,13 +725,7 @@ async def test_an_assignment_waits_for_the_tokens_holding_its_slot(dut):
             bench.sources[f"weights__{g}"].idle for g in range(cfg.switch_groups)),
             _budget(bench, 1, 0.2, 0.2) + 30 * len(loads) * shape.expert_beats,
             "the loads, and the assignments once their slots were free")
-        # Each slot's load ends at its last beat on its switch group's port.
-        load_end = {}
-        for group in range(cfg.switch_groups):
-            edges = bench.sources[f"weights__{group}"].sent_edges
-            mine = [load for load in loads if load[0] // cfg.group_leaves == group]
-            for index, (leaf, slot, _, _) in enumerate(mine):
-                load_end[leaf, slot] = edges[(index + 1) * shape.expert_beats - 1]
+        load_end = bench.load_end_edges(loads)
         for (leaf, slot), taken in zip(order, source.sent_edges):
             assert taken > load_end[leaf, slot], \
                 f"chiplet {leaf} slot {slot}: assignment taken at {taken}, before its load ended"
