@@ -30,8 +30,8 @@ import math
 from fractions import Fraction
 
 __all__ = ["Format", "FORMATS", "decode", "encode", "components", "e8m0_decode", "SCALE_BITS",
-           "scale_decode", "add", "multiply", "scale_cast", "DotConfig", "dot", "exact_dot",
-           "logfmt_encode", "logfmt_decode"]
+           "scale_decode", "add", "multiply", "scale_cast", "DotConfig", "dot", "dot_take_edges",
+           "exact_dot", "logfmt_encode", "logfmt_decode"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,12 +224,40 @@ def scale_decode(code, scale_format):
 
 ACC_EMIN, ACC_EMAX = -126, 127          # the accumulator's 8-bit exponent range
 
-# The unit's cycle model (docs/blocks/fp.md, Timing): with every port ready it takes one beat
-# of g products a cycle, and the result of a dot product whose last beat is taken at edge t is
-# taken at edge t + DOT_LATENCY: six pipeline registers (products; aligned to the beat's
-# exponent; the beat's sums for every shift; the partial sum; times the scales; the FP32
-# accumulator and the output register).
-DOT_LATENCY = 6
+# The unit's cycle model (docs/blocks/fp.md, Timing). A beat names its slot: one of the dot
+# products the unit holds at once, each with its own partial sum and FP32 accumulator. The
+# partial-sum loop (read a slot's partial sum, add the beat's products, renormalize, write it
+# back) takes DOT_PARTIAL_STAGES cycles and the FP32 loop (read the slot's accumulator, add
+# the scaled partial sum, round, write it back) DOT_TOTAL_STAGES: so a slot's next beat is
+# taken DOT_SLOT_GAP edges after its last one at the earliest, and beats of different slots
+# one per cycle. The result of a dot product whose last beat is taken at edge t is taken at
+# edge t + DOT_LATENCY with every port ready: DOT_FRONT_STAGES registers before the partial-sum
+# loop (the products; the largest exponent of each group of lanes; the beat's; each product's
+# shift; the aligned products; the bit columns' counts per group of lanes; in all; two levels
+# of their suffix sums; the beat's sums for every shift), the loop's (its last holds the new
+# partial sum), DOT_SCALE_STAGES for the partial sum times its scales (the product, its
+# leading one), the FP32 loop's (its last is the output register).
+DOT_FRONT_STAGES = 9
+DOT_PARTIAL_STAGES = 7
+DOT_SCALE_STAGES = 2
+DOT_TOTAL_STAGES = 10
+DOT_SLOT_GAP = max(DOT_PARTIAL_STAGES, DOT_TOTAL_STAGES)
+DOT_LATENCY = DOT_FRONT_STAGES + DOT_PARTIAL_STAGES + DOT_SCALE_STAGES + DOT_TOTAL_STAGES
+
+
+def dot_take_edges(slots, first_edge=0, held=None):
+    """The edges at which beats of ``slots`` (each beat's slot, in order) are taken when each is
+    offered as soon as the one before it is taken and every result is taken at once: one a
+    cycle, but a slot's beat no sooner than DOT_SLOT_GAP edges after that slot's previous. A
+    beat naming no slot the unit holds (``held`` of them, 0 .. held - 1) waits for nothing."""
+    edges, previous = [], {}
+    for slot in slots:
+        edge = edges[-1] + 1 if edges else first_edge
+        if held is None or slot < held:
+            edge = max(edge, previous.get(slot, first_edge - DOT_SLOT_GAP) + DOT_SLOT_GAP)
+            previous[slot] = edge
+        edges.append(edge)
+    return edges
 
 
 @dataclasses.dataclass(frozen=True)

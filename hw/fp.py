@@ -7,8 +7,11 @@ bits are truncated, and the sum is kept with an 8-bit exponent: FP22 for acc_fra
 numerics are :func:`golden.fp.dot`, bit for bit.
 
 One beat of ``group`` g operand pairs per cycle. ``FpAccumulator.step`` does a beat in one
-cycle (the floating-point PEs, g = 1); ``fp_dot`` pipelines the same steps over six registers
-(``golden.fp.DOT_LATENCY``), two of them loops that take a beat a cycle:
+cycle (the floating-point PEs, g = 1); ``fp_dot`` pipelines the same steps, and holds
+``slots`` dot products at once, each with its own partial sum and FP32 accumulator: a beat
+names its slot, and a slot's next beat waits until its last has gone round both loops
+(``golden.fp.DOT_SLOT_GAP`` edges), so that each loop can take several cycles and the unit still
+takes a beat a cycle from that many slots in turn. The steps:
 
 1. decode the 2g operands (sign, mantissa with its hidden bit, exponent of its last bit; NaN,
    infinity), multiply the mantissas exactly and add the exponents;
@@ -21,14 +24,24 @@ cycle (the floating-point PEs, g = 1); ``fp_dot`` pipelines the same steps over 
 5. at a promotion: the partial sum times the two FP32 scales (exact, at most 73 bits) plus the
    FP32 accumulator, added in an 80-bit field with a sticky bit and rounded once to FP32.
 
-The pipeline (stage: what its register holds): 1, the products; 2, each product aligned to
-the beat's own largest exponent B (at least -126), in F + 1 bits (B is at least each
-product's leading-bit exponent); 3, for every further shift d = 0..F the beat's sum with each
-term shifted right by d and truncated, from bit-column counts (a product aligned to E =
-max(B, partial sum's) is its B-aligned value shifted by E - B, since floor(floor(x) / 2**d) =
-floor(x / 2**d)); 4, the partial sum: the loop picks the sum for d = E - B (none past F: zero),
-adds the aligned partial sum and renormalizes (steps 2 to 4); 5, the partial sum times its
-scales; 6, the FP32 loop (step 5) and the output register.
+The pipeline (``golden.fp.DOT_LATENCY`` registers; docs/blocks/fp.md, Timing): nine in front,
+(1) the products; (2) the largest leading-bit exponent of each group of MAX_GROUP lanes; (3)
+the beat's own largest exponent B (at least -126); (4) each product's shift to it; (5) each
+product aligned to B, in F + 1 bits (B is at least each product's leading-bit exponent); (6)
+the bit columns' counts per group of lanes, (7) in all, and from them (8, 9), for every
+further shift d = 0..F, the beat's sum with each term shifted right by d and truncated (a
+product aligned to E = max(B, partial sum's) is its B-aligned value shifted by E - B, since
+floor(floor(x) / 2**d) = floor(x / 2**d)). Then the partial-sum loop over
+``golden.fp.DOT_PARTIAL_STAGES`` cycles (steps 2 to 4: read the slot's partial sum; compare
+its exponent with B; pick the sum for d = E - B (none past F: zero); add the aligned partial
+sum; its magnitude; its leading one; renormalize and write it back), the partial sum times its
+scales over ``golden.fp.DOT_SCALE_STAGES``, and the FP32 loop over
+``golden.fp.DOT_TOTAL_STAGES`` cycles (step 5: read the slot's accumulator; its leading one;
+the operands' shifts; align; add; the sum's magnitude; its leading one; the bits to drop; the
+bits kept and the rounding bits; round and write it back) into the output register. The
+registers past the front are placed by the ``cut`` argument of ``FpAccumulator``'s steps
+(``_normalize``, ``_scaled``, ``_add_round``; in front, ``aligned_product``), which ``step``
+calls with none.
 """
 
 import dataclasses
@@ -47,6 +60,7 @@ from hw.registry import Block, register
 __all__ = ["FpDotConfig", "FpDot", "input_layout", "result_layout"]
 
 ACC_EXPONENT_BITS = 9              # signed -126..127 (the 8-bit exponent's range)
+MAX_GROUP = 8                      # lanes whose largest exponent one fp_dot stage finds
 SCALE_BLOCK = 128                  # elements per scale (1x128 tiles, 128x128 blocks)
 FIELD = 80                         # promotion adder: bits from the larger operand's top down
 FP32 = golden.FORMATS["fp32"]
@@ -70,12 +84,18 @@ class FpDotConfig:
     scale_format : str
         ``fp32`` (32-bit scales, multiplied in) or ``e8m0`` (8-bit powers of two 2**(c-127),
         255 = NaN: an exponent add, no multiplier).
+    slots : int
+        Dot products held at once (1..32), each with its own partial sum and FP32
+        accumulator; a beat names its slot. A slot takes a beat every
+        ``golden.fp.DOT_SLOT_GAP`` cycles at most, so the unit takes one a cycle from that
+        many slots in turn.
     """
     dtype: str = choice_param("fp8_e4m3", ("fp8_e4m3", "fp8_e5m2", "bf16"), "operand format")
     group: int = int_param(32, 1, 32, "g, operand pairs per beat (aligned together)")
     acc_frac: int = int_param(13, 4, 24, "F, fraction bits of the accumulator")
     promote_every: int = int_param(128, 0, 128, "elements per promotion into FP32 (0: at the end)")
     scale_format: str = choice_param("fp32", ("fp32", "e8m0"), "format of the scales")
+    slots: int = int_param(16, 1, 32, "dot products held at once (a beat names its slot)")
 
     def __post_init__(self):
         validate(self)
@@ -88,6 +108,11 @@ class FpDotConfig:
     @property
     def scale_bits(self):
         return golden.SCALE_BITS[self.scale_format]
+
+    @property
+    def slot_bits(self):
+        """Bits of a beat's and a result's ``slot`` field (at least one)."""
+        return max(1, ceil_log2(self.slots))
 
     @property
     def chunk_beats(self):
@@ -104,17 +129,23 @@ def input_layout(config):
     return data.StructLayout({"a": data.ArrayLayout(code, config.group),
                               "b": data.ArrayLayout(code, config.group),
                               "scale_a": config.scale_bits, "scale_b": config.scale_bits,
-                              "last": 1})
+                              "last": 1, "slot": config.slot_bits})
 
 
 def result_layout(config):
-    """``result``: the dot product as an FP32 code."""
-    return data.StructLayout({"result": 32})
+    """``result``: the dot product as an FP32 code; ``slot``: the slot its beats named."""
+    return data.StructLayout({"result": 32, "slot": config.slot_bits})
 
 
 def _operand(m, code, name, fmt):
     """``(nan, inf, sign, mantissa, exponent of its last bit)`` of a code of ``fmt``."""
     return fp_fields(m, code, fmt, name, ACC_EXPONENT_BITS + 1)
+
+
+def _in_one_cycle(values):
+    """The ``cut`` of a step done in one cycle: no register, the values as they are. A pipeline
+    passes a function that registers them (and whatever else it carries beside them)."""
+    return values
 
 
 class FpAccumulator:
@@ -200,17 +231,19 @@ class FpAccumulator:
         m.d.comb += held_e.eq(Mux(held_m == 0, golden.ACC_EMIN, self.acc_e))
         return held_m, held_e, Mux(part_first, 0, self.acc_sign)
 
-    def aligned_product(self, magnitude, exponent, largest, name):
+    def aligned_product(self, magnitude, exponent, largest, name, cut=_in_one_cycle):
         """Step 3 for one product: magnitude * 2**(exponent - largest + F), truncated toward
         zero (``term_width`` bits; ``largest`` is at least the product's leading-bit exponent
-        when it is nonzero)."""
+        when it is nonzero). ``cut``: a pipeline's register between the shift amount and the
+        shift (one cut; :func:`_in_one_cycle`)."""
         m, W = self.m, self.term_width
         shift = Signal(signed(ACC_EXPONENT_BITS + 3), name=f"{name}_shift")
         m.d.comb += shift.eq(largest - exponent)
         amount = Signal(range(W + 1), name=f"{name}_amount")
         m.d.comb += amount.eq(Mux(shift > W, W, Mux(shift < 0, 0, shift)))
+        live = cut({"magnitude": magnitude, "amount": amount})
         aligned = Signal(W, name=f"{name}_aligned")
-        m.d.comb += aligned.eq(Cat(Const(0, self.acc_frac), magnitude) >> amount)
+        m.d.comb += aligned.eq(Cat(Const(0, self.acc_frac), live["magnitude"]) >> live["amount"])
         return aligned
 
     def held_term(self, held_m, held_e, held_sign, largest):
@@ -227,22 +260,33 @@ class FpAccumulator:
         """Step 5 and the specials: the FP32 accumulator plus ``scaled`` (a partial sum times
         its scales, :meth:`_scaled`) rounded once, the sticky NaN and infinity flags with the
         beat's ``flags`` (and ``scale_bad`` at a promotion). Returns ``(updates, result)``."""
-        m, p = self.m, self.prefix
         held_total = Mux(dot_first, 0, self.total_code)
         promoted = self._add_round(*scaled, held_total)
+        state = (self.total_code, self.nan_seen, self.inf_pos, self.inf_neg)
+        (total, nan, inf_pos, inf_neg), result = self.promoted(
+            promoted, state, scale_bad, flags, dot_first, promote, last)
+        updates = [self.nan_seen.eq(nan), self.inf_pos.eq(inf_pos), self.inf_neg.eq(inf_neg),
+                   self.total_code.eq(total)]
+        return updates, result
+
+    def promoted(self, promoted, state, scale_bad, flags, dot_first, promote, last):
+        """The end of step 5: the FP32 state after a beat, from ``promoted`` (the rounded sum
+        of the promotion adder) and the state before it, ``(total, NaN seen, +infinity seen,
+        -infinity seen)``. Returns ``(state after, result)``."""
+        m, p = self.m, self.prefix
+        total_code, nan_seen, inf_pos, inf_neg = state
+        held_total = Mux(dot_first, 0, total_code)
         beat_nan, beat_inf_pos, beat_inf_neg = flags
-        sticky_nan = Mux(dot_first, 0, self.nan_seen) | beat_nan | (promote & scale_bad)
-        sticky_pos = Mux(dot_first, 0, self.inf_pos) | beat_inf_pos
-        sticky_neg = Mux(dot_first, 0, self.inf_neg) | beat_inf_neg
+        sticky_nan = Mux(dot_first, 0, nan_seen) | beat_nan | (promote & scale_bad)
+        sticky_pos = Mux(dot_first, 0, inf_pos) | beat_inf_pos
+        sticky_neg = Mux(dot_first, 0, inf_neg) | beat_inf_neg
         nan = sticky_nan | (sticky_pos & sticky_neg)
         inf = (sticky_pos | sticky_neg) & ~nan
         infinity = Cat(Const(0, 23), Const(0xFF, 8), sticky_neg)
         result = Signal(32, name=f"{p}result")
         m.d.comb += result.eq(Mux(nan, FP32.canonical_nan, Mux(inf, infinity, promoted)))
-        updates = [self.nan_seen.eq(sticky_nan), self.inf_pos.eq(sticky_pos),
-                   self.inf_neg.eq(sticky_neg),
-                   self.total_code.eq(Mux(last, result, Mux(promote, promoted, held_total)))]
-        return updates, result
+        total = Mux(last, result, Mux(promote, promoted, held_total))
+        return (total, sticky_nan, sticky_pos, sticky_neg), result
 
     # --- the pieces of a beat, shared by step() and fp_dot's pipeline -------------------------
 
@@ -285,18 +329,24 @@ class FpAccumulator:
         """Bits of the signed exact sum of g aligned products and the partial sum."""
         return self.term_width + ceil_log2(self.group + 1) + 2
 
-    def _normalize(self, total, largest):
+    def _normalize(self, total, largest, cut=_in_one_cycle):
         """Step 4's renormalization: the exact signed sum ``total`` (its last bit's weight
         2**(largest - F)) as the magnitude's ``(mantissa of F + 1 bits, exponent)``: truncated
-        toward zero, unnormalized at exponent -126, saturated above 127, (0, -126) for zero."""
+        toward zero, unnormalized at exponent -126, saturated above 127, (0, -126) for zero.
+        ``cut``: where a pipeline places its registers (two cuts; :func:`_in_one_cycle`)."""
         m, p, F = self.m, self.prefix, self.acc_frac
         emin, emax = golden.ACC_EMIN, golden.ACC_EMAX
         E = ACC_EXPONENT_BITS + 2
         magnitude = Signal(len(total), name=f"{p}sum_abs")
         m.d.comb += magnitude.eq(Mux(total < 0, -total, total))
+        live = cut({"magnitude": magnitude, "largest": largest, "zero": total == 0})
+        magnitude, largest = live["magnitude"], live["largest"]
         lead = leading_one_tree(m, magnitude, f"{p}sum_lead")
         excess = Signal(signed(E + 1), name=f"{p}excess")      # > 0: carry bits to drop
         m.d.comb += excess.eq(lead - F)
+        live = cut({"magnitude": magnitude, "largest": largest, "zero": live["zero"],
+                    "excess": excess})
+        magnitude, largest, excess = live["magnitude"], live["largest"], live["excess"]
         # From ``largest`` alone, beside the sum: the room above -126 and below 127.
         room = Signal(signed(E + 1), name=f"{p}room")
         headroom = Signal(signed(E + 1), name=f"{p}headroom")
@@ -315,7 +365,7 @@ class FpAccumulator:
                          overflow.eq(left < -headroom)]
         new_m = Signal(F + 1, name=f"{p}new_m")
         new_e = Signal(signed(E + 1), name=f"{p}new_e")
-        with m.If(total == 0):
+        with m.If(live["zero"]):
             m.d.comb += [new_m.eq(0), new_e.eq(emin)]
         with m.Elif(overflow):
             m.d.comb += [new_m.eq((1 << (F + 1)) - 1), new_e.eq(emax)]
@@ -338,18 +388,20 @@ class FpAccumulator:
         special = (scale_a[top - 8:top] == 255) | (scale_b[top - 8:top] == 255)
         return special, a_sign ^ b_sign, mantissa, exponent
 
-    def _scaled(self, sign, mantissa, exponent, factor):
+    def _scaled(self, sign, mantissa, exponent, factor, cut=_in_one_cycle):
         """A partial sum (sign, F + 1-bit mantissa, exponent) times a scale factor
         (:meth:`_scale_factor`): ``(sign, mantissa, exponent of its last bit, of its leading
-        bit)``, exact."""
+        bit)``, exact. ``cut``: a pipeline's register after the product (one cut)."""
         m, p, F = self.m, self.prefix, self.acc_frac
         _, f_sign, f_m, f_x = factor
         product = Signal(F + 1 + len(f_m), name=f"{p}scaled_m")
         product_x = Signal(signed(14), name=f"{p}scaled_x")
         m.d.comb += [product.eq(mantissa * f_m), product_x.eq(exponent - F + f_x)]
+        live = cut({"sign": sign ^ f_sign, "product": product, "product_x": product_x})
+        product, product_x = live["product"], live["product_x"]
         top = Signal(signed(14), name=f"{p}scaled_top")
         m.d.comb += top.eq(product_x + leading_one_tree(m, product, f"{p}scaled_lead"))
-        return sign ^ f_sign, product, product_x, top
+        return live["sign"], product, product_x, top
 
     def _aligned(self, mantissa, shift, name):
         """``mantissa * 2**(FIELD - shift)`` in FIELD + 1 bits, truncated, and whether bits
@@ -380,15 +432,23 @@ class FpAccumulator:
         self.m.d.comb += exponent.eq(Cat(code, Const(0, 2)).as_signed() - 127)
         return code == 255, Const(0), Const(0), Const(1, 1), exponent
 
-    def _add_round(self, product_sign, product, product_x, p_top, total):
+    def _add_round(self, product_sign, product, product_x, p_top, total, cut=_in_one_cycle):
         """The FP32 code of ``total`` + (-1)**product_sign * product * 2**product_x (its
         leading bit's exponent ``p_top`` when nonzero), rounded to nearest even once
-        (saturating, subnormals kept, zero positive)."""
+        (saturating, subnormals kept, zero positive). ``cut``: where a pipeline places its
+        registers (eight cuts; :func:`_in_one_cycle`)."""
         m, p = self.m, self.prefix
         _, _, t_sign, t_m, t_x = _operand(m, total, f"{p}total", FP32)
         t_lead = leading_one_tree(m, t_m, f"{p}total_lead")
         t_top = Signal(signed(14), name=f"{p}total_top")
         m.d.comb += t_top.eq(t_x + t_lead)
+        live = cut({"product": product, "product_sign": product_sign, "product_x": product_x,
+                    "p_top": p_top, "t_sign": t_sign, "t_m": t_m, "t_x": t_x, "t_lead": t_lead,
+                    "t_top": t_top})
+        product, product_sign, product_x, p_top = (live["product"], live["product_sign"],
+                                                   live["product_x"], live["p_top"])
+        t_sign, t_m, t_x, t_lead, t_top = (live["t_sign"], live["t_m"], live["t_x"],
+                                           live["t_lead"], live["t_top"])
         p_zero, t_zero = product == 0, t_m == 0
         p_leads = Signal(name=f"{p}product_leads")     # the larger sets the field's top
         m.d.comb += p_leads.eq(~p_zero & (t_zero | (p_top > t_top)))
@@ -404,8 +464,16 @@ class FpAccumulator:
                      p_under_t.eq((t_x + 1 - product_x) + t_lead),
                      p_shift.eq(Mux(p_leads, p_own, p_under_t)),
                      t_shift.eq(Mux(p_leads, p_top + 1 - t_x, t_lead + 1))]
-        p_value, p_lost = self._aligned(product, p_shift, f"{p}product")
-        t_value, t_lost = self._aligned(t_m, t_shift, f"{p}total")
+        live = cut({"product": product, "p_shift": p_shift, "t_m": t_m, "t_shift": t_shift,
+                    "product_sign": product_sign, "t_sign": t_sign, "base": base})
+        product_sign, t_sign, base = live["product_sign"], live["t_sign"], live["base"]
+        p_value, p_lost = self._aligned(live["product"], live["p_shift"], f"{p}product")
+        t_value, t_lost = self._aligned(live["t_m"], live["t_shift"], f"{p}total")
+        live = cut({"p_value": p_value, "p_lost": p_lost, "t_value": t_value, "t_lost": t_lost,
+                    "product_sign": product_sign, "t_sign": t_sign, "base": base})
+        p_value, p_lost, t_value, t_lost = (live["p_value"], live["p_lost"], live["t_value"],
+                                            live["t_lost"])
+        product_sign, t_sign, base = live["product_sign"], live["t_sign"], live["base"]
         width = FIELD + 3
         # raw = +-p_value +-t_value in one adder: with equal signs the magnitudes' sum, with
         # different ones the positive less the negative (-x = ~x + 1, the 1 as a carry in).
@@ -421,10 +489,14 @@ class FpAccumulator:
         # raw, on that operand's side.
         lost = p_lost | t_lost
         lost_negative = Mux(p_lost, product_sign, t_sign)
+        live = cut({"combined": combined, "result_sign": result_sign, "lost": lost,
+                    "lost_negative": lost_negative, "mixed": mixed, "base": base})
+        combined, result_sign, lost = live["combined"], live["result_sign"], live["lost"]
+        mixed, base = live["mixed"], live["base"]
         # |raw| less one where the lost bits lie on the other side of zero; for raw < 0 (only
         # with different signs), -raw - 1 is ~raw: one carry chain after the sum's.
         # Both candidates of each side are ready before toward_zero (which waits for the sign).
-        toward_zero = lost & (lost_negative != result_sign)
+        toward_zero = lost & (live["lost_negative"] != result_sign)
         negative = mixed & (combined < 0)
         inverted = (~combined).as_unsigned()[:width]
         below, above = Signal(width), Signal(width)
@@ -432,7 +504,14 @@ class FpAccumulator:
         exact = Signal(width)                          # |sum| = exact + (sticky ? (0, 1) : 0)
         m.d.comb += exact.eq(Mux(negative, Mux(toward_zero, inverted, above),
                                  Mux(toward_zero, below, combined.as_unsigned())))
+        live = cut({"exact": exact, "lost": lost, "result_sign": result_sign, "base": base})
+        exact, lost, result_sign, base = (live["exact"], live["lost"], live["result_sign"],
+                                          live["base"])
         lead = leading_one_tree(m, exact, f"{p}round_lead")
+        live = cut({"exact": exact, "lead": lead, "lost": lost, "result_sign": result_sign,
+                    "base": base})
+        exact, lead, lost, result_sign, base = (live["exact"], live["lead"], live["lost"],
+                                                live["result_sign"], live["base"])
         # The bits to drop below the kept 24: lead - 23, but the kept last bit no lower than
         # FP32's smallest subnormal, 2**(emin - 23) (its floor is ready before the sum).
         floor, lifted = Signal(signed(15)), Signal(signed(15))
@@ -450,13 +529,22 @@ class FpAccumulator:
         left = Signal(5)
         m.d.comb += [amount.eq(Mux(drop[-1], 0, Mux(drop[7:-1].any(), 127, drop[:7]))),
                      left.eq(Mux(floored, -floor, 23 - lead))]
+        live = cut({"exact": exact, "lost": lost, "result_sign": result_sign, "kept_x": kept_x,
+                    "amount": amount, "left": left, "leftward": drop[-1]})
+        exact, lost, result_sign, kept_x = (live["exact"], live["lost"], live["result_sign"],
+                                            live["kept_x"])
+        amount, left = live["amount"], live["left"]
         kept = Signal(width)
-        m.d.comb += kept.eq(Mux(drop[-1], exact << left, exact >> amount))
+        m.d.comb += kept.eq(Mux(live["leftward"], exact << left, exact >> amount))
         dropped = _low_mask(amount, width)             # the guard bit and those below it
         guard = Signal()
         rest = Signal()
         m.d.comb += [guard.eq((exact & dropped & ~(dropped >> 1)) != 0),
                      rest.eq(lost | ((exact & (dropped >> 1)) != 0))]
+        live = cut({"kept": kept, "guard": guard, "rest": rest, "kept_x": kept_x,
+                    "result_sign": result_sign})
+        kept, guard, rest, kept_x, result_sign = (live["kept"], live["guard"], live["rest"],
+                                                  live["kept_x"], live["result_sign"])
         rounded = Signal(26)
         m.d.comb += rounded.eq(kept + (guard & (rest | kept[0])))
         carry = rounded[24]
@@ -519,28 +607,44 @@ class FpDot(ConfiguredComponent):
         # whose alignment exponent is not known before the products) are always zero.
         W, E = cfg.acc_frac + 1, ACC_EXPONENT_BITS + 2
         emin = Const(golden.ACC_EMIN, signed(E))
+        S = cfg.slots
 
         # The whole pipeline moves together, stalled only by a full output register.
         out_valid = Signal()
         advance = Signal()
-        m.d.comb += [advance.eq(~out_valid | self.out.ready), self.inp.ready.eq(advance),
-                     self.out.valid.eq(out_valid)]
+        m.d.comb += [advance.eq(~out_valid | self.out.ready), self.out.valid.eq(out_valid)]
         pipe = StallPipe(advance)
-        take = self.inp.valid & advance
 
-        # Beat control, at the input: does the beat start a partial sum, a dot product, end
-        # a partial sum (promote), end the dot product?
-        first = Signal(init=1)
-        dot_first = Signal(init=1)
-        beat_index = Signal(range(max(1, cfg.chunk_beats)))
+        # A slot's next beat waits until its last one has written both loops' state: each
+        # slot counts down the edges left (golden.fp.DOT_SLOT_GAP after a beat it takes).
         beat = self.inp.payload
+        slot_ok = beat.slot < S                        # else the beat is taken and dropped
+        gap = golden.DOT_SLOT_GAP
+        wait = Array(Signal(range(gap), name=f"slot{s}_wait") for s in range(S))
+        m.d.comb += self.inp.ready.eq(advance & (~slot_ok | (wait[beat.slot] == 0)))
+        take = self.inp.valid & self.inp.ready
+        enter = take & slot_ok
+
+        # Beat control, per slot, at the input: does the beat start a partial sum, a dot
+        # product, end a partial sum (promote), end the dot product?
+        first = Array(Signal(init=1, name=f"slot{s}_first") for s in range(S))
+        dot_first = Array(Signal(init=1, name=f"slot{s}_dot_first") for s in range(S))
+        beat_index = Array(Signal(range(max(1, cfg.chunk_beats)), name=f"slot{s}_beat")
+                           for s in range(S))
+        index = beat_index[beat.slot]
         promote = Signal()
-        chunk_end = (beat_index == cfg.chunk_beats - 1) if cfg.chunk_beats else Const(0)
+        chunk_end = (index == cfg.chunk_beats - 1) if cfg.chunk_beats else Const(0)
         m.d.comb += promote.eq(chunk_end | beat.last)
-        with m.If(take):
-            m.d.sync += [first.eq(promote), dot_first.eq(beat.last)]
+        with m.If(enter):
+            m.d.sync += [first[beat.slot].eq(promote), dot_first[beat.slot].eq(beat.last)]
             if cfg.chunk_beats:
-                m.d.sync += beat_index.eq(Mux(promote, 0, beat_index + 1))
+                m.d.sync += beat_index[beat.slot].eq(Mux(promote, 0, index + 1))
+        with m.If(advance):
+            for s in range(S):
+                with m.If(enter & (beat.slot == s)):
+                    m.d.sync += wait[s].eq(gap - 1)
+                with m.Elif(wait[s] != 0):
+                    m.d.sync += wait[s].eq(wait[s] - 1)
 
         # A stage's data registers have no reset: they are read only with the stage's valid
         # flag, which reset clears, and the stage's next beat overwrites them.
@@ -553,105 +657,227 @@ class FpDot(ConfiguredComponent):
             return {key: pipe.delay(value, stages, f"{name}_{key}", reset_less=key != "valid")
                     for key, value in values.items()}
 
-        control = {"valid": self.inp.valid, "first": first, "dot_first": dot_first,
-                   "promote": promote, "last": beat.last}
         factor = acc._scale_factor(beat.scale_a, beat.scale_b)
+        products, flags = acc.products(beat.a, beat.b)
+        control = {"valid": enter, "slot": beat.slot, "first": first[beat.slot],
+                   "dot_first": dot_first[beat.slot], "promote": promote, "last": beat.last,
+                   **dict(zip(("scales_bad", "scales_sign", "scales_m", "scales_x"), factor)),
+                   **dict(zip(("nan", "inf_pos", "inf_neg"), flags))}
 
         # Stage 1: products (step 1).
-        products, flags = acc.products(beat.a, beat.b)
         lanes = [tuple(data(value, f"s1_p{i}_{key}") for key, value in
                        zip(("sign", "m", "x", "top"), product))
                  for i, product in enumerate(products)]
 
-        # Stage 2: each product aligned to the beat's largest exponent B (at least -126).
-        beat_top = Signal(signed(E), name="beat_top")
-        m.d.comb += beat_top.eq(max_tree(m, [top for *_, top in lanes] + [emin], "beat_top"))
-        aligned = [(data(sign, f"s2_p{i}_sign"),
-                    data(acc.aligned_product(magnitude, exponent, beat_top, f"s1_p{i}")[:W],
-                         f"s2_p{i}_aligned"))
-                   for i, (sign, magnitude, exponent, _) in enumerate(lanes)]
-        top2 = data(beat_top, "s2_beat_top")
+        # Stages 2 and 3: the beat's largest exponent B (at least -126), the maxima of groups
+        # of lanes first; stage 4: each product's shift to B; stage 5: each product aligned.
+        group_tops = [max_tree(m, [top for *_, top in lanes[start:start + MAX_GROUP]],
+                               f"group{start // MAX_GROUP}_top")
+                      for start in range(0, len(lanes), MAX_GROUP)]
+        group_tops = [data(top, f"s2_group{i}_top") for i, top in enumerate(group_tops)]
+        lanes = [tuple(data(value, f"s2_p{i}_{key}") for key, value in
+                       zip(("sign", "m", "x"), lane[:3]))
+                 for i, lane in enumerate(lanes)]
+        beat_top = data(max_tree(m, group_tops + [emin], "beat_top"), "s3_beat_top")
+        lanes = [tuple(data(value, f"s3_p{i}_{key}") for key, value in
+                       zip(("sign", "m", "x"), lane))
+                 for i, lane in enumerate(lanes)]
 
-        # Stage 3: the beat's sums for every further right shift d the partial sum may force
-        # (next stage), so that the loop selects one instead of shifting and adding g terms.
-        shifted_sums = [data(value, f"s3_sum{d}")
-                        for d, value in enumerate(_shifted_sums(m, aligned, W, acc.sum_width))]
-        top3 = data(top2, "s3_beat_top")
+        def lane_cut(i):
+            return lambda values: {key: data(value, f"s4_p{i}_{key}")
+                                   for key, value in values.items()}
 
-        # Stage 4, the partial-sum loop (steps 2 to 4): the alignment exponent is the larger of
-        # B and the partial sum's; past B by d, the products' sum is the one shifted by d.
-        c4 = carry(control, "s4", 3)
-        held_m, held_e, held_sign = acc.held(c4["first"])
+        aligned = [(data(data(sign, f"s4_p{i}_sign"), f"s5_p{i}_sign"),
+                    data(acc.aligned_product(magnitude, exponent, beat_top, f"s3_p{i}",
+                                             lane_cut(i))[:W], f"s5_p{i}_aligned"))
+                   for i, (sign, magnitude, exponent) in enumerate(lanes)]
+        top5 = pipe.delay(beat_top, 2, "s5_beat_top", reset_less=True)
+
+        # Stages 6 to 9: the beat's sums for every further right shift d the partial sum may
+        # force (the loop), so that it selects one instead of shifting and adding g terms:
+        # the bit columns' counts per group of lanes, in all, then their suffix sums over two
+        # stages.
+        sums_cuts = iter(("s6", "s7", "s8"))
+
+        def sums_cut(values):
+            stage = next(sums_cuts)
+            return [data(value, f"{stage}_sum{j}") for j, value in enumerate(values)]
+
+        shifted_sums = [data(value, f"s9_sum{d}") for d, value in
+                        enumerate(_shifted_sums(m, aligned, W, acc.sum_width, sums_cut))]
+        top3 = pipe.delay(top5, 4, "s9_beat_top", reset_less=True)
+
+        # From here a beat's control rides with its data through every register (cut).
+        stages = _Stages(pipe, carry(control, "front", golden.DOT_FRONT_STAGES))
+
+        # The partial-sum loop (steps 2 to 4), golden.fp.DOT_PARTIAL_STAGES cycles from reading
+        # the slot's partial sum to writing it back: the alignment exponent is the larger of B
+        # and the partial sum's; past B by d, the products' sum is the one shifted by d.
+        part_m = Array(Signal(W, name=f"slot{s}_partial_m") for s in range(S))
+        part_e = Array(Signal(signed(ACC_EXPONENT_BITS), init=golden.ACC_EMIN,
+                              name=f"slot{s}_partial_e") for s in range(S))
+        part_sign = Array(Signal(name=f"slot{s}_partial_sign") for s in range(S))
+        read_at = stages.count
+        fresh = stages.carried["first"]
+        slot = stages.carried["slot"]
+        held_m = Mux(fresh, 0, part_m[slot])
+        held_e = Signal(signed(E), name="partial_held_e")
+        m.d.comb += held_e.eq(Mux(held_m == 0, golden.ACC_EMIN, part_e[slot]))
+        held_sign = Mux(fresh, 0, part_sign[slot])
+        stages.drop("first")
+        live = stages.cut({"held_m": held_m, "held_e": held_e, "held_sign": held_sign,
+                           "top": top3,
+                           **{f"sum{d}": value for d, value in enumerate(shifted_sums)}})
+        held_m, held_e, held_sign, top3 = (live["held_m"], live["held_e"], live["held_sign"],
+                                           live["top"])
+        shifted_sums = [live[f"sum{d}"] for d in range(W)]
         ahead = Signal(name="partial_ahead")
-        gap = Signal(signed(E + 1), name="partial_gap")        # held_e - B
+        gap_e = Signal(signed(E + 1), name="partial_gap")        # held_e - B
         behind = Signal(signed(E + 1), name="partial_behind")  # B - held_e, beside it
-        m.d.comb += [ahead.eq(held_e > top3), gap.eq(held_e - top3), behind.eq(top3 - held_e)]
+        m.d.comb += [ahead.eq(held_e > top3), gap_e.eq(held_e - top3),
+                     behind.eq(top3 - held_e)]
+        live = stages.cut({"ahead": ahead, "gap": gap_e, "behind": behind, "held_m": held_m,
+                           "held_e": held_e, "held_sign": held_sign, "top": top3,
+                           **{f"sum{d}": value for d, value in enumerate(shifted_sums)}})
+        ahead, gap_e, behind = live["ahead"], live["gap"], live["behind"]
+        held_m, held_sign = live["held_m"], live["held_sign"]
+        shifted_sums = [live[f"sum{d}"] for d in range(W)]
         largest = Signal(signed(E), name="largest")
-        m.d.comb += largest.eq(Mux(ahead, held_e, top3))
+        m.d.comb += largest.eq(Mux(ahead, live["held_e"], live["top"]))
         # Shifts clamped by their high bits, not by comparisons: the products' sums padded
         # with zeros to a power of two (a shift of W = F + 1 or more leaves none), the partial
         # sum's F + 1 bits cleared by any shift of 2**k - 1 >= F + 1: one clamp width for both.
         pick_bits = ceil_log2(W + 1)
         pick = Signal(pick_bits, name="products_shift")
-        m.d.comb += pick.eq(Mux(ahead, Mux(gap[pick_bits:].any(), (1 << pick_bits) - 1,
-                                           gap[:pick_bits]), 0))
+        m.d.comb += pick.eq(Mux(ahead, Mux(gap_e[pick_bits:].any(), (1 << pick_bits) - 1,
+                                           gap_e[:pick_bits]), 0))
         zero = Const(0, signed(acc.sum_width))
-        products_sum = Array(shifted_sums + [zero] * ((1 << pick_bits) - W))[pick]
+        products_sum = Signal(signed(acc.sum_width), name="products_sum")
+        m.d.comb += products_sum.eq(Array(shifted_sums + [zero] * ((1 << pick_bits) - W))[pick])
         # The partial sum's term as FpAccumulator.held_term computes it for step(), in the
         # clock-rate form of this loop (shift from B - held_e beside the comparison).
-        held_bits = pick_bits
-        held_shift = Signal(held_bits, name="partial_shift")
-        m.d.comb += held_shift.eq(Mux(ahead, 0, Mux(behind[held_bits:].any(),
-                                                    (1 << held_bits) - 1, behind[:held_bits])))
+        held_shift = Signal(pick_bits, name="partial_shift")
+        m.d.comb += held_shift.eq(Mux(ahead, 0, Mux(behind[pick_bits:].any(),
+                                                    (1 << pick_bits) - 1, behind[:pick_bits])))
+        live = stages.cut({"products_sum": products_sum, "held_m": held_m,
+                           "held_shift": held_shift, "held_sign": held_sign,
+                           "largest": largest})
         held_aligned = Signal(acc.sum_width, name="partial_aligned")
-        m.d.comb += held_aligned.eq(held_m >> held_shift)
+        m.d.comb += held_aligned.eq(live["held_m"] >> live["held_shift"])
         # Signed, in one adder: -x = ~x + 1, the 1 as a carry in.
         total = Signal(signed(acc.sum_width), name="sum")
-        m.d.comb += total.eq(_add_with_carry(products_sum.as_unsigned(),
-                                             Mux(held_sign, ~held_aligned, held_aligned),
-                                             held_sign))
-        new_m, new_e = acc._normalize(total, largest)
-        with m.If(advance & c4["valid"]):
-            m.d.sync += [acc.acc_m.eq(new_m), acc.acc_e.eq(new_e), acc.acc_sign.eq(total < 0)]
+        m.d.comb += total.eq(_add_with_carry(live["products_sum"].as_unsigned(),
+                                             Mux(live["held_sign"], ~held_aligned,
+                                                 held_aligned),
+                                             live["held_sign"]))
+        live = stages.cut({"total": total, "largest": live["largest"]})
+        stages.carried["negative"] = live["total"] < 0
+        new_m, new_e = acc._normalize(live["total"], live["largest"], stages.cut)
+        assert stages.count - read_at + 1 == golden.DOT_PARTIAL_STAGES
+        c = stages.carried
+        with m.If(advance & c["valid"]):
+            m.d.sync += [part_m[c["slot"]].eq(new_m), part_e[c["slot"]].eq(new_e),
+                         part_sign[c["slot"]].eq(c["negative"])]
+        live = stages.cut({"m": new_m, "e": new_e})
 
-        # Stage 5: the partial sum (now in acc_m, acc_e, acc_sign) times its scales.
-        c5 = carry(control, "s5", 4)
-        f5 = carry(dict(zip(("bad", "sign", "m", "x"), factor)), "s5_scales", 4)
-        flags5 = carry(dict(zip(("nan", "inf_pos", "inf_neg"), flags)), "s5_flags", 4)
-        scaled = [data(value, f"s5_scaled_{key}") for key, value in
-                  zip(("sign", "m", "x", "top"), acc._scaled(acc.acc_sign, acc.acc_m, acc.acc_e,
-                                                      (f5["bad"], f5["sign"], f5["m"],
-                                                       f5["x"])))]
+        # The partial sum times its scales (two registers: the product, its leading one).
+        c = stages.carried
+        scaled_at = stages.count
+        scaled = acc._scaled(c["negative"], live["m"], live["e"],
+                             (c["scales_bad"], c["scales_sign"], c["scales_m"], c["scales_x"]),
+                             stages.cut)
+        stages.drop("scales_sign", "scales_m", "scales_x")
+        live = stages.cut(dict(zip(("sign", "m", "x", "top"), scaled)))
+        assert stages.count - scaled_at == golden.DOT_SCALE_STAGES
 
-        # Stage 6, the FP32 loop (step 5 and the specials), into the output register.
-        c6 = carry(control, "s6", 5)
-        updates, result = acc.promotion(
-            scaled, data(f5["bad"], "s6_scales_bad"),
-            [data(flag, f"s6_{key}") for key, flag in flags5.items()],
-            c6["dot_first"], c6["promote"], c6["last"])
-        with m.If(advance & c6["valid"]):
-            m.d.sync += updates
+        # The FP32 loop (step 5 and the specials), golden.fp.DOT_TOTAL_STAGES cycles from
+        # reading the slot's accumulator to writing it back, and the output register.
+        totals = Array(Signal(32, name=f"slot{s}_total") for s in range(S))
+        nans = Array(Signal(name=f"slot{s}_nan") for s in range(S))
+        pos = Array(Signal(name=f"slot{s}_inf_pos") for s in range(S))
+        neg = Array(Signal(name=f"slot{s}_inf_neg") for s in range(S))
+        read_at = stages.count
+        c = stages.carried
+        slot = c["slot"]
+        c.update({"total": totals[slot], "nan_seen": nans[slot], "pos_seen": pos[slot],
+                  "neg_seen": neg[slot]})
+        live = stages.cut(live)                    # the slot's accumulator, read
+        c = stages.carried
+        held_total = Mux(c["dot_first"], 0, c["total"])
+        promoted = acc._add_round(live["sign"], live["m"], live["x"], live["top"], held_total,
+                                  stages.cut)
+        assert stages.count - read_at + 1 == golden.DOT_TOTAL_STAGES
+        c = stages.carried
+        (total_code, nan, inf_pos, inf_neg), result = acc.promoted(
+            promoted, (c["total"], c["nan_seen"], c["pos_seen"], c["neg_seen"]),
+            c["scales_bad"], (c["nan"], c["inf_pos"], c["inf_neg"]),
+            c["dot_first"], c["promote"], c["last"])
+        with m.If(advance & c["valid"]):
+            m.d.sync += [nans[c["slot"]].eq(nan), pos[c["slot"]].eq(inf_pos),
+                         neg[c["slot"]].eq(inf_neg), totals[c["slot"]].eq(total_code)]
+        assert golden.DOT_FRONT_STAGES + stages.count + 1 == golden.DOT_LATENCY
         with m.If(advance):
-            m.d.sync += out_valid.eq(c6["valid"] & c6["last"])
-            with m.If(c6["valid"] & c6["last"]):
-                m.d.sync += self.out.payload.result.eq(result)
+            m.d.sync += out_valid.eq(c["valid"] & c["last"])
+            with m.If(c["valid"] & c["last"]):
+                m.d.sync += [self.out.payload.result.eq(result),
+                             self.out.payload.slot.eq(c["slot"])]
         pipe.emit(m)
         return m
 
 
-def _shifted_sums(m, aligned, width, sum_width):
+class _Stages:
+    """The registers of a pipeline past its front: each :meth:`cut` registers the values it is
+    given and everything ``carried`` beside them (a beat's control, its flags and scales, the
+    slot state it read), so that a step written for one cycle (``FpAccumulator``'s ``cut``
+    argument) becomes a chain of stages with its beat's context alongside."""
+
+    def __init__(self, pipe, carried):
+        self.pipe, self.carried, self.count = pipe, dict(carried), 0
+
+    def cut(self, values):
+        self.count += 1
+
+        def register(key, value, prefix):
+            return self.pipe.reg(value, f"{prefix}{self.count}_{key}", reset_less=key != "valid")
+
+        self.carried = {key: register(key, value, "c")
+                        for key, value in self.carried.items()}
+        return {key: register(key, value, "r") for key, value in values.items()}
+
+    def drop(self, *keys):
+        """Carry ``keys`` no further (the stages after need them no more)."""
+        for key in keys:
+            del self.carried[key]
+
+
+def _shifted_sums(m, aligned, width, sum_width, cut):
     """For d = 0..width-1, the sum over the lanes of sign * (magnitude >> d), each term
     truncated toward zero: sum over bit columns j >= d of c_j * 2**(j - d), where c_j counts
     the positive lanes with bit j set less the negative ones. Suffix sums in ceil(log2 width)
-    levels of adders (windows doubling), instead of width shifts of every lane."""
+    levels of adders (windows doubling), instead of width shifts of every lane. ``cut``: a
+    register (a list in, a list out), after each group of MAX_GROUP lanes' counts, after the
+    column counts and after the first two levels of the suffix sums (or all, if fewer)."""
+    groups = range(0, len(aligned), MAX_GROUP)
+    partial_shape = signed(ceil_log2(MAX_GROUP + 1) + 1)
+    partials = []                                  # per column, per group of lanes
+    for j in range(width):
+        for start in groups:
+            lanes = aligned[start:start + MAX_GROUP]
+            positive = sum_tree([magnitude[j] & ~sign for sign, magnitude in lanes])
+            negative = sum_tree([magnitude[j] & sign for sign, magnitude in lanes])
+            partial = Signal(partial_shape, name=f"column{j}_group{start // MAX_GROUP}")
+            m.d.comb += partial.eq(positive - negative)
+            partials.append(partial)
+    partials = cut(partials)
     columns = []
     for j in range(width):
-        positive = sum_tree([magnitude[j] & ~sign for sign, magnitude in aligned])
-        negative = sum_tree([magnitude[j] & sign for sign, magnitude in aligned])
         column = Signal(signed(sum_width), name=f"column{j}")
-        m.d.comb += column.eq(positive - negative)
+        m.d.comb += column.eq(sum_tree(partials[j * len(groups):(j + 1) * len(groups)]))
         columns.append(column)
-    level, span = columns, 1
+    level, span = cut(columns), 1
+    levels_before_cut = min(2, ceil_log2(width))
+    if levels_before_cut == 0:
+        level = cut(level)
     while span < width:
         merged = []
         for d in range(width):
@@ -662,13 +888,18 @@ def _shifted_sums(m, aligned, width, sum_width):
             m.d.comb += window.eq(level[d] + (level[d + span] << span))
             merged.append(window)
         level, span = merged, 2 * span
+        if span == 1 << levels_before_cut:
+            level = cut(level)
     return level
 
 
 register(Block(
     name="fp_dot", family="fp", config=FpDotConfig, build=FpDot,
-    figures=lambda cfg: {"beats_per_cycle": 1, "latency_cycles": golden.DOT_LATENCY,
-                         "products_per_cycle": cfg.group},
+    # Beats a cycle with the slots taken in turn: one, or one per slot every DOT_SLOT_GAP.
+    figures=lambda cfg: {"beats_per_cycle": min(1, cfg.slots / golden.DOT_SLOT_GAP),
+                         "latency_cycles": golden.DOT_LATENCY,
+                         "products_per_cycle": cfg.group * min(1, cfg.slots
+                                                               / golden.DOT_SLOT_GAP)},
     summary="FP8/BF16 dot product: g products a cycle, acc_frac truncation, FP32 promotion",
     # The cost trade-off seed 003 asks hardware to expose: formats, accumulator widths, scales.
     demo_configs=({}, {"acc_frac": 23}, {"dtype": "fp8_e5m2"}, {"dtype": "bf16"},

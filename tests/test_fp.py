@@ -206,15 +206,19 @@ def test_tile_formats_reproduce_the_seeds_ranking():
 
 # --- block fp_dot -----------------------------------------------------------------------------
 
-# The defaults (E4M3, 32 products a beat, FP22, promoted every 128, FP32 scales); E5M2 with an
-# odd group, the narrowest accumulator (infinities, heavy truncation) and no promotion until
-# the end; BF16 one product a beat into the widest accumulator, promoted every 64, E8M0 scales.
+# The defaults (E4M3, 32 products a beat, FP22, promoted every 128, FP32 scales, 16 slots);
+# E5M2 with an odd group, the narrowest accumulator (infinities, heavy truncation), no promotion
+# until the end and one slot (each beat waits golden.fp.DOT_SLOT_GAP edges; slot 1 names none);
+# BF16 one product a beat into the widest accumulator, promoted every 64, E8M0 scales and
+# DOT_SLOT_GAP slots, the fewest that take a beat a cycle (not a power of two: some slot
+# values name none).
 SIM_CONFIGS = [
     {},
-    {"dtype": "fp8_e5m2", "group": 3, "acc_frac": 4, "promote_every": 0},
-    {"dtype": "bf16", "group": 1, "acc_frac": 24, "promote_every": 64, "scale_format": "e8m0"},
+    {"dtype": "fp8_e5m2", "group": 3, "acc_frac": 4, "promote_every": 0, "slots": 1},
+    {"dtype": "bf16", "group": 1, "acc_frac": 24, "promote_every": 64, "scale_format": "e8m0",
+     "slots": fp.DOT_SLOT_GAP},
 ]
-COCOTB_TESTS = 13
+COCOTB_TESTS = 14
 
 
 @pytest.mark.parametrize("simulator", SIMULATORS)
@@ -228,6 +232,7 @@ def test_cocotb(params, simulator):
      "'fp8_e5m2', 'bf16'"),
     ({"group": 33}, "parameter 'group': got 33; allowed: an integer in 1..32"),
     ({"acc_frac": 3}, "parameter 'acc_frac': got 3; allowed: an integer in 4..24"),
+    ({"slots": 33}, "parameter 'slots': got 33; allowed: an integer in 1..32"),
     ({"group": 32, "promote_every": 48}, "parameter 'promote_every': got 48; allowed: 0 or a "
      "multiple of group (32) that divides 128 (one scale pair per partial sum)"),
     ({"group": 3}, "parameter 'promote_every': got 128; allowed: 0 or a multiple of group (3) "
