@@ -33,6 +33,7 @@ from amaranth.lib import wiring
 
 from flows import toolchain
 from flows.verilog import config_key
+from golden import fp as golden_fp
 
 __all__ = ["stream_members", "harness", "run_formal", "prove_component", "FormalError"]
 
@@ -172,10 +173,10 @@ SOLVER_CHOICES = ("boolector", "z3")
 SMALL_BMC_DEPTH, SMALL_COVER_DEPTH = 8, 24
 # Blocks whose first output transfer takes longer from reset: the layer's is its gate's score
 # pipeline and router, the tree down and up, the chiplet's FFN (reached at 25..28 since the
-# gate's clock-rate stages).
-SMALL_COVER_DEPTHS = {"moe_layer": 32}
+# gate's clock-rate stages); fp_dot's, its dot product's latency (28 edges since its slots).
+SMALL_COVER_DEPTHS = {"moe_layer": 32, "fp_dot": golden_fp.DOT_LATENCY + 4}
 SMALLEST_CONFIGS = {
-    "fp_dot": {"group": 1, "acc_frac": 4, "promote_every": 0},
+    "fp_dot": {"group": 1, "acc_frac": 4, "promote_every": 0, "slots": 1},
     "logfmt_encoder": {"bits": 8, "lanes": 1, "tile": 2},
     "logfmt_decoder": {"bits": 8, "lanes": 1},
     "moe_gate": {"experts": 2, "k": 1, "groups": 1, "topk_groups": 1, "leaves": 1,
