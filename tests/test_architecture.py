@@ -1,5 +1,6 @@
 """The architecture rules of DESIGN.md: one-way layers, one home per family, fresh docs."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -100,6 +101,42 @@ def test_port_tables_give_every_field_its_bit_range():
     assert ("| `down_out[i]`, i = 0..3 (`down_out__<i>__…`) | out, stream | 45 | `token` [0..7]; "
             "`mask` [8..11]; `data[j]` [8j+12..8j+19] signed, j = 0..3; `last` [44] |") in table
     assert "| `error` | out | 1 | - |" in table
+
+
+_PORT_TABLE = re.compile(r"<!-- moegen:ports (\w+) -->(.*?)<!-- /moegen:ports -->", re.S)
+_FIELD_BITS = re.compile(r"`?\b([a-z_][\w.]*)`? \[(\d+)(?:\.\.(\d+))?\]")
+_PORTS_AT_DEFAULTS = re.compile(r"^\*\*Ports\*\* \([^\n]*default.*?(?=^\*\*|^#|\Z)",
+                                re.S | re.M)
+
+
+def _prose_bit_ranges_off_the_tables(page):
+    """``(field, bits in the prose, bits in the tables)`` for every field a page's hand-written
+    **Ports** section at the defaults gives a plain bit range that no generated ports table of
+    the page gives it (a single bit written either ``[a]`` or ``[a..a]``)."""
+    def bits(match):
+        return int(match.group(2)), int(match.group(3) or match.group(2))
+    tables = {}
+    for _, table in _PORT_TABLE.findall(page):
+        for match in _FIELD_BITS.finditer(table):
+            tables.setdefault(match.group(1), set()).add(bits(match))
+    off = []
+    for section in _PORTS_AT_DEFAULTS.finditer(_PORT_TABLE.sub("", page)):
+        for match in _FIELD_BITS.finditer(section.group(0)):
+            name = match.group(1)
+            if name in tables and bits(match) not in tables[name]:
+                off.append((name, bits(match), sorted(tables[name])))
+    return off
+
+
+def test_hand_written_port_bits_at_the_defaults_are_the_hardware_s():
+    """A contract's prose and its generated ports table must not disagree (fp.md's `slot` was
+    left at 8 slots' [577..579] when the default became 16 slots)."""
+    page = ("**Ports** (bit ranges for the defaults):\n- `inp`: `last` [576], `slot` [577..579]."
+            "\n\n**Timing** `slot` [0..2] elsewhere.\n<!-- moegen:ports x -->\n| `inp` | in, "
+            "stream | 581 | `last` [576]; `slot` [577..580] |\n<!-- /moegen:ports -->\n")
+    assert _prose_bit_ranges_off_the_tables(page) == [("slot", (577, 579), [(577, 580)])]
+    for path in sorted((ROOT / "docs" / "blocks").glob("*.md")):
+        assert _prose_bit_ranges_off_the_tables(path.read_text()) == [], path.name
 
 
 def test_readme_is_a_front_door():
