@@ -1,5 +1,6 @@
 """The architecture rules of DESIGN.md: one-way layers, one home per family, fresh docs."""
 
+import importlib
 import re
 import shutil
 import subprocess
@@ -137,6 +138,51 @@ def test_hand_written_port_bits_at_the_defaults_are_the_hardware_s():
     assert _prose_bit_ranges_off_the_tables(page) == [("slot", (577, 579), [(577, 580)])]
     for path in sorted((ROOT / "docs" / "blocks").glob("*.md")):
         assert _prose_bit_ranges_off_the_tables(path.read_text()) == [], path.name
+
+
+_NAMED_CONSTANT = re.compile(r"`(?:golden\.(\w+)\.)?([A-Z][A-Z0-9_]+)` = (-?\d+)\b")
+
+
+def _golden_constants():
+    """``{name: {module: value}}`` of every upper-case integer constant of the golden models."""
+    constants = {}
+    for path in sorted((ROOT / "golden").glob("*.py")):
+        module = importlib.import_module(f"golden.{path.stem}")
+        for name, value in vars(module).items():
+            if name.isupper() and isinstance(value, int) and not isinstance(value, bool):
+                constants.setdefault(name, {})[path.stem] = value
+    return constants
+
+
+def _named_constants_off_the_models(text, constants):
+    """``(written, value in the models)`` for every ```golden.m.NAME` = N`` (or ```NAME` = N``,
+    NAME a constant of the golden models) whose N is not the model's value."""
+    off = []
+    for match in _NAMED_CONSTANT.finditer(text):
+        module, name, written = match.group(1), match.group(2), int(match.group(3))
+        values = constants.get(name, {})
+        if module is not None:
+            values = {module: values[module]} if module in values else {module: None}
+        if values and written not in values.values():
+            off.append((match.group(0), values))
+    return off
+
+
+def test_constants_the_docs_quote_are_the_golden_models():
+    """A cycle contract quotes its constants by name and value; a value left behind when the
+    model changed is a false contract."""
+    constants = _golden_constants()
+    assert constants["DOT_LATENCY"] == {"fp": 28}
+    assert _named_constants_off_the_models("`golden.fp.DOT_LATENCY` = 27 and `DOT_SLOT_GAP` = 9",
+                                           constants) == [
+        ("`golden.fp.DOT_LATENCY` = 27", {"fp": 28}), ("`DOT_SLOT_GAP` = 9", {"fp": 10})]
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    quoted = 0
+    for page in pages:
+        text = page.read_text()
+        quoted += len(_NAMED_CONSTANT.findall(text))
+        assert _named_constants_off_the_models(text, constants) == [], page.name
+    assert quoted >= 10
 
 
 def test_readme_is_a_front_door():
