@@ -1,5 +1,6 @@
 """The architecture rules of DESIGN.md: one-way layers, one home per family, fresh docs."""
 
+import dataclasses
 import importlib
 import re
 import shutil
@@ -183,6 +184,47 @@ def test_constants_the_docs_quote_are_the_golden_models():
         quoted += len(_NAMED_CONSTANT.findall(text))
         assert _named_constants_off_the_models(text, constants) == [], page.name
     assert quoted >= 10
+
+
+_QUOTED_RANGE = re.compile(r"`(\w+)`[^()`\n.;]{0,20}\((\d+)\.\.(\d+)(?:, default (\d+))?")
+
+
+def _quoted_ranges_off_the_parameters(text, blocks):
+    """``(quote, ranges the blocks give that name)`` for every ```name` ... (lo..hi`` (and
+    ``, default d``) in prose, name a parameter of some block, that no block's range of
+    that name is (for a list, ``1..max_len`` counts its entries)."""
+    ranges = {}
+    for block in blocks:
+        for field in dataclasses.fields(block.config):
+            meta, default = field.metadata, field.default
+            if meta.get("kind") == "int":
+                ranges.setdefault(field.name, []).append((meta["lo"], meta["hi"], default))
+            elif meta.get("kind") == "int_list":
+                ranges.setdefault(field.name, []).append((1, meta["max_len"], None))
+                ranges.setdefault(field.name, []).append((meta["lo"], meta["hi"], None))
+    off = []
+    for match in _QUOTED_RANGE.finditer(text):
+        name = match.group(1)
+        lo, hi = int(match.group(2)), int(match.group(3))
+        default = None if match.group(4) is None else int(match.group(4))
+        if name in ranges and not any(
+                (lo, hi) == (r_lo, r_hi) and default in (None, r_default)
+                for r_lo, r_hi, r_default in ranges[name]):
+            off.append((match.group(0), ranges[name]))
+    return off
+
+
+def test_parameter_ranges_the_prose_quotes_are_the_blocks():
+    """The generated parameter tables are right by construction; the prose's own quotes of a
+    range (```neurons` N (1..128, default 16)``) must agree with them."""
+    blocks = list(all_blocks())
+    wrong = "`neurons` N (1..64, default 16); `x_width` (2..32, default 8); `k` (1..8, ≤ E)"
+    assert [quote for quote, _ in _quoted_ranges_off_the_parameters(wrong, blocks)] == [
+        "`neurons` N (1..64, default 16", "`x_width` (2..32, default 8"]
+    generated = re.compile(r"<!-- moegen:params.*?<!-- /moegen:params -->", re.S)
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = generated.sub("", page.read_text())
+        assert _quoted_ranges_off_the_parameters(text, blocks) == [], page.name
 
 
 def test_readme_is_a_front_door():
