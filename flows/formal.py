@@ -173,7 +173,7 @@ SOLVER_CHOICES = ("boolector", "z3")
 SMALL_BMC_DEPTH, SMALL_COVER_DEPTH = 8, 24
 # Blocks whose first output transfer takes longer from reset: the layer's is its gate's score
 # pipeline and router, the tree down and up, the chiplet's FFN (reached at 25..28 since the
-# gate's clock-rate stages); fp_dot's, its dot product's latency (28 edges since its slots).
+# gate's clock-rate stages); fp_dot's, its dot product's latency (golden.fp.DOT_LATENCY edges).
 SMALL_COVER_DEPTHS = {"moe_layer": 32, "fp_dot": golden_fp.DOT_LATENCY + 4}
 SMALLEST_CONFIGS = {
     "fp_dot": {"group": 1, "acc_frac": 4, "promote_every": 0, "slots": 1},

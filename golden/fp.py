@@ -238,7 +238,7 @@ ACC_EMIN, ACC_EMAX = -126, 127          # the accumulator's 8-bit exponent range
 # partial sum), DOT_SCALE_STAGES for the partial sum times its scales (the product, its
 # leading one), the FP32 loop's (its last is the output register).
 DOT_FRONT_STAGES = 9
-DOT_PARTIAL_STAGES = 7
+DOT_PARTIAL_STAGES = 8
 DOT_SCALE_STAGES = 2
 DOT_TOTAL_STAGES = 10
 DOT_SLOT_GAP = max(DOT_PARTIAL_STAGES, DOT_TOTAL_STAGES)

@@ -34,8 +34,8 @@ product aligned to E = max(B, partial sum's) is its B-aligned value shifted by E
 floor(floor(x) / 2**d) = floor(x / 2**d)). Then the partial-sum loop over
 ``golden.fp.DOT_PARTIAL_STAGES`` cycles (steps 2 to 4: read the slot's partial sum; compare
 its exponent with B; pick the sum for d = E - B (none past F: zero); add the aligned partial
-sum; its magnitude; its leading one; renormalize and write it back), the partial sum times its
-scales over ``golden.fp.DOT_SCALE_STAGES``, and the FP32 loop over
+sum; its magnitude; its leading one; shift it to F + 1 bits; saturate and write it back),
+the partial sum times its scales over ``golden.fp.DOT_SCALE_STAGES``, and the FP32 loop over
 ``golden.fp.DOT_TOTAL_STAGES`` cycles (step 5: read the slot's accumulator; its leading one;
 the operands' shifts; align; add; the sum's magnitude; its leading one; the bits to drop; the
 bits kept and the rounding bits; round and write it back) into the output register. The
@@ -54,7 +54,8 @@ from amaranth.utils import ceil_log2
 from golden import fp as golden
 from hw.fparith import fp_fields
 from hw.params import ConfiguredComponent, choice_param, int_param, param_error, validate
-from hw.pipeline import StallPipe, leading_one, leading_one_tree, max_tree, sum_tree
+from hw.pipeline import (StallPipe, leading_one, leading_one_tree, max_all_pairs, max_tree,
+                         sum_tree)
 from hw.registry import Block, register
 
 __all__ = ["FpDotConfig", "FpDot", "input_layout", "result_layout"]
@@ -333,7 +334,7 @@ class FpAccumulator:
         """Step 4's renormalization: the exact signed sum ``total`` (its last bit's weight
         2**(largest - F)) as the magnitude's ``(mantissa of F + 1 bits, exponent)``: truncated
         toward zero, unnormalized at exponent -126, saturated above 127, (0, -126) for zero.
-        ``cut``: where a pipeline places its registers (two cuts; :func:`_in_one_cycle`)."""
+        ``cut``: where a pipeline places its registers (three cuts; :func:`_in_one_cycle`)."""
         m, p, F = self.m, self.prefix, self.acc_frac
         emin, emax = golden.ACC_EMIN, golden.ACC_EMAX
         E = ACC_EXPONENT_BITS + 2
@@ -363,6 +364,10 @@ class FpAccumulator:
             m.d.comb += left.eq(Mux(room < -excess, room, -excess))
             m.d.comb += [normal_m.eq(magnitude << left), normal_e.eq(largest - left),
                          overflow.eq(left < -headroom)]
+        # The shifts end a stage, the saturation's select (and a loop's write back) begins one.
+        live = cut({"normal_m": normal_m, "normal_e": normal_e, "overflow": overflow,
+                    "zero": live["zero"]})
+        normal_m, normal_e, overflow = live["normal_m"], live["normal_e"], live["overflow"]
         new_m = Signal(F + 1, name=f"{p}new_m")
         new_e = Signal(signed(E + 1), name=f"{p}new_e")
         with m.If(live["zero"]):
@@ -671,14 +676,14 @@ class FpDot(ConfiguredComponent):
 
         # Stages 2 and 3: the beat's largest exponent B (at least -126), the maxima of groups
         # of lanes first; stage 4: each product's shift to B; stage 5: each product aligned.
-        group_tops = [max_tree(m, [top for *_, top in lanes[start:start + MAX_GROUP]],
-                               f"group{start // MAX_GROUP}_top")
+        group_tops = [max_all_pairs(m, [top for *_, top in lanes[start:start + MAX_GROUP]],
+                                    f"group{start // MAX_GROUP}_top")
                       for start in range(0, len(lanes), MAX_GROUP)]
         group_tops = [data(top, f"s2_group{i}_top") for i, top in enumerate(group_tops)]
         lanes = [tuple(data(value, f"s2_p{i}_{key}") for key, value in
                        zip(("sign", "m", "x"), lane[:3]))
                  for i, lane in enumerate(lanes)]
-        beat_top = data(max_tree(m, group_tops + [emin], "beat_top"), "s3_beat_top")
+        beat_top = data(max_all_pairs(m, group_tops + [emin], "beat_top"), "s3_beat_top")
         lanes = [tuple(data(value, f"s3_p{i}_{key}") for key, value in
                        zip(("sign", "m", "x"), lane))
                  for i, lane in enumerate(lanes)]

@@ -12,8 +12,8 @@ from golden.fixed import signed_limits
 
 __all__ = ["StallPipe", "OutputQueue", "OutputRegister", "SkidSlice", "RegisterSlice",
            "RegisteredHeadFIFO", "OUT_FIFO_DEPTH", "lanes_layout", "saturate", "select", "or_tree",
-           "sum_tree", "max_tree", "thermometer_max", "thermometer_value", "leading_one",
-           "leading_one_tree", "requant", "requant_shift", "requant_round"]
+           "sum_tree", "max_tree", "max_all_pairs", "thermometer_max", "thermometer_value",
+           "leading_one", "leading_one_tree", "requant", "requant_shift", "requant_round"]
 
 # Depth of an output queue. Two entries suffice for full throughput: a pipeline writes at most
 # one beat per cycle and a ready consumer reads one per cycle, so the level never exceeds one.
@@ -77,6 +77,26 @@ def max_tree(m, values, name):
             merged.append(values[-1])
         values, level = merged, level + 1
     return values[0]
+
+
+def max_all_pairs(m, values, name):
+    """The largest of ``values`` (one shape) with every pair compared side by side, then the
+    winner selected (of equal values the first): one level of comparators where
+    :func:`max_tree` chains ceil(log2 n) compare-and-select levels, for n(n-1)/2 of them
+    (clock rate: ``fp_dot``'s largest product exponents, a front stage's critical path)."""
+    if len(values) == 1:
+        return values[0]
+    shape = Value.cast(values[0]).shape()
+    picked = []
+    for i, value in enumerate(values):
+        # Against a value before it a tie loses, so exactly one value wins.
+        wins = Signal(name=f"{name}_wins{i}")
+        m.d.comb += wins.eq(Cat(*(value > other if j < i else value >= other
+                                  for j, other in enumerate(values) if j != i)).all())
+        picked.append(Mux(wins, Value.cast(value).as_unsigned(), 0))
+    largest = Signal(shape, name=name)
+    m.d.comb += largest.eq(or_tree(picked))
+    return largest
 
 
 def thermometer_max(values, bounds=None):
