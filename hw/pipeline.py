@@ -82,7 +82,8 @@ def max_tree(m, values, name):
 def max_all_pairs(m, values, name):
     """The largest of ``values`` (one shape) with every pair compared side by side, then the
     winner selected (of equal values the first): one level of comparators where
-    :func:`max_tree` chains ceil(log2 n) compare-and-select levels, for n(n-1)/2 of them
+    :func:`max_tree` chains ceil(log2 n) compare-and-select levels, for n(n-1) of them (each
+    ordered pair; one per pair would do, the other its complement)
     (clock rate: ``fp_dot``'s largest product exponents, a front stage's critical path)."""
     if len(values) == 1:
         return values[0]
