@@ -145,8 +145,8 @@ def pnr_block(block, config, target="ecp5", seed=1, out_dir=None):
         sources.append(out_dir / f"{top}.v")
         harness = {"harness_flip_flops": flops}
     notes = {}
-    cells = synthesize_files(sources, top, target, out_dir, block.name,
-                             flatten=True, netlist=netlist.name, notes=notes)
+    cells = synthesize_files(sources, top, target, out_dir, block.name, flatten=True,
+                             abc=block.abc(config), netlist=netlist.name, notes=notes)
     if target == "ecp5":
         design = json.loads(netlist.read_text())
         packed = pack_output_registers(design)

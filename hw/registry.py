@@ -58,7 +58,8 @@ class Block:
     synth_abc : bool or callable
         Map the generic synthesis' logic to LUTs with ABC (the default). False maps gate by
         gate (``-noabc``): Yosys 0.70's ABC9 (yowasp) exits without a word on expert_chiplet's
-        netlist, or takes minutes; the LUT count is then an unoptimized upper bound. A callable
+        netlist, or takes minutes; the LUT count is then an unoptimized upper bound. On ECP5
+        (which must map with ABC9) False skips ABC9's proof of its own mapping. A callable
         ``synth_abc(config) -> bool`` decides per configuration (:meth:`abc`).
     tb : str
         The cocotb module's name after ``tb/test_`` when a family holds blocks with different

