@@ -85,7 +85,8 @@ CLASSIC_MAPPER = "abc (abc9 hit a Yosys assertion)"
 # ABC9 ends its LUT mapping with `&verify`, a SAT proof that its mapped network equals the one
 # it was given (Yosys's scratchpad `abc9.verify`, on in this build). On the floating-point
 # datapaths that proof is what takes the time: the 4 x 4 FP8 systolic array maps in about a
-# minute and was still in `&verify` an hour later (2026-11-26, 2026-11-28, 2026-12-02). Where a
+# minute and was still in `&verify` 12 minutes later (2026-12-02; earlier runs were stopped
+# after 40 and over 60 minutes in ABC9), where without it the whole script takes 4. Where a
 # block maps gate by gate in the generic flow because ABC is slow there (`Block.synth_abc`),
 # the ECP5 flow skips that proof of ABC's own work; the mapping is the same with or without it
 # (tests/test_flows.py::test_skipping_abc9_s_proof_maps_the_same).
@@ -100,11 +101,12 @@ def synthesize_files(paths, top, target, out_dir, stem, flatten=True, abc=True, 
     """Run Yosys on Verilog ``paths`` (in ``out_dir``) for module ``top``; returns the cell
     counts by type (over the whole hierarchy when ``flatten`` is False: the generic target
     then maps each module on its own; without ``abc`` it maps gates to LUTs one by one,
-    ``gate2lut``, and on ECP5 ABC9 maps without its proof, :data:`SKIP_ABC9_PROOF`); with ``netlist`` (a file name in ``out_dir``) also writes the mapped netlist
-    as JSON for nextpnr; without ``ram`` every memory is mapped to flip-flops. On ECP5 a design
-    that trips :data:`ABC9_ASSERTION` is mapped again by :data:`CLASSIC_ECP5`, and ``notes`` (a
-    dict, if given) gets ``mapper``: :data:`CLASSIC_MAPPER`. Raises :class:`SynthError` with the end
-    of the log."""
+    ``gate2lut``, and on ECP5 ABC9 maps without its proof, :data:`SKIP_ABC9_PROOF`); with
+    ``netlist`` (a file name in ``out_dir``) also writes the mapped netlist as JSON for nextpnr;
+    without ``ram`` every memory is mapped to flip-flops. On ECP5 a design that trips
+    :data:`ABC9_ASSERTION` is mapped again by :data:`CLASSIC_ECP5`, and ``notes`` (a dict, if
+    given) gets ``mapper``: :data:`CLASSIC_MAPPER`. Raises :class:`SynthError` with the end of
+    the log."""
     toolchain.activate()
     out_dir = Path(out_dir)
     stem = stem if ram else f"{stem}-noram"
