@@ -161,12 +161,14 @@ async def test_every_pair_and_threshold(dut):
     if E > 1 and D > 1 and N > 1:
         # Each expert in turn takes, for each first token 1..N-1, that token and a random
         # subset of the later ones (K = 1): its token list starts past 0 and has gaps, and
-        # its columns reload that list at every row tile (D_out = 2R). A token with spike
-        # (0, 0) scores f for the expert, every token f // 2 for the next one through spike
-        # (0, 1); the other routing weights are 0. Neuron r passes input r mod D_in through
-        # (weight f from it, 0 from the others; Vth = Vleak = 0: it fires exactly when that
-        # spike is 1), so a spike taken from the wrong (token, timestep) shows.
-        f = fixed.signed_limits(cfg.w_width)[1]
+        # its columns reload that list at every row tile (D_out = 2R). A chosen token has
+        # spike (0, 0) and scores f for the expert; any other has spike (0, 1) and scores f
+        # for the next one; the other routing weights are 0 (one score f, the rest 0, at
+        # every w_width: f // 2 would be 0 at w_width 2). f fits a score and an integration
+        # (acc_width 4 holds 7, w_width 8 gives 127). Neuron r passes input r mod D_in
+        # through (weight f from it, 0 from the others; Vth = Vleak = 0: it fires exactly
+        # when that spike is 1), so a spike taken from the wrong (token, timestep) shows.
+        f = min(fixed.signed_limits(cfg.w_width)[1], fixed.signed_limits(cfg.acc_width)[1])
         d_in, d_out = min(D, 3), min(O, 2 * cfg.rows)
         passing = [[[f if d == r % d_in else 0 for d in range(d_in)] for r in range(d_out)]
                    for _ in range(E)]
@@ -176,9 +178,9 @@ async def test_every_pair_and_threshold(dut):
                 steps = rng.randint(1, T)
                 spikes = bench.random_layer(d_in, d_out, N, steps, density=0.5)[0]
                 for n, token in enumerate(spikes):
-                    token[0][0], token[0][1] = int(n in chosen), 1
+                    token[0][0], token[0][1] = int(n in chosen), int(n not in chosen)
                 routing = [[[0] * E for _ in range(d_in)] for _ in range(steps)]
-                routing[0][0][e], routing[0][1][(e + 1) % E] = f, f // 2
+                routing[0][0][e], routing[0][1][(e + 1) % E] = f, f
                 masks = bench.job(spikes, routing, passing, 0, 0, k=1)
                 assert {n for n, mask in enumerate(masks) if mask == 1 << e} == chosen
     for _ in range(6):
