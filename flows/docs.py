@@ -201,10 +201,14 @@ def _figures_table(name, bench):
         when += f" ({'; '.join(later)})"
     note = (f"From `make bench` of {when} (docs/bench.json): figures "
             "measured by `test_throughput` on Verilator and asserted against the golden cycle "
-            "model; simulated cycles per wall-clock second on both simulators (noisy: compare "
-            "within one run; after a `|`, `test_buffered_throughput` on the buffered harness, "
-            "`tb/buffered.py`); Yosys generic synthesis (`synth -lut 4`, the logic mapped by ABC "
-            "unless marked gate by gate: an unoptimized upper bound); ECP5 Fmax: nextpnr on an "
+            "model; simulated cycles per wall-clock second on both simulators, each timed over "
+            "10,000 simulated cycles or more of the whole test, its set-up and golden model "
+            "included (`test_throughput` run again from its reset until then, "
+            "`tb.harness.long_enough_to_time`; noisy: compare within one run; after a "
+            "`|`, `test_buffered_throughput` on the buffered harness, `tb/buffered.py`, its "
+            "10k-cycle saturated run alone, the median of three on Verilator); Yosys generic "
+            "synthesis (`synth -lut 4`, the logic mapped by ABC unless marked gate by gate: an "
+            "unoptimized upper bound); ECP5 Fmax: nextpnr on an "
             "LFE5U-85F-6 out of context, seed 1 (`moegen synth BLOCK --target ecp5 --pnr`); "
             "a dash: not measured in that run.\n\n")
     text = note + _md_table(["params", "measured (cycle-exact)", "Verilator cycles/s",
@@ -326,7 +330,9 @@ def merge_bench(old, new):
             record.pop("tier_activity", None)   # the older per-tier-only figure
         for key, value in partial.items():
             if key not in ("block", "params", "partial", "generated"):
-                record[key] = {**value, "generated": partial["generated"]}
+                # A figure (the bare loop's speed) is dated by the figures measured with it.
+                record[key] = ({**value, "generated": partial["generated"]}
+                               if isinstance(value, dict) else value)
     return {"generated": new.get("generated", "?") if fresh else old.get("generated", "?"),
             "results": results}
 

@@ -168,7 +168,9 @@ def run_tests(block, config, simulator, *, waves=False, testcase=None, skip=(), 
     measure : bool
         The run measures (`make bench`, the demo, a sweep): a test that times the design runs
         its long form (``tb.harness.throughput_beats``), passed as the plusarg
-        ``+moegen_measure=1``.
+        ``+moegen_measure=1``; with ``optimize`` (`make bench`'s speed figures) the speed is
+        timed over 10k simulated cycles or more (``tb.harness.long_enough_to_time``, the
+        plusarg ``+moegen_timed=1``).
 
     Returns
     -------
@@ -376,6 +378,8 @@ def _run_one(block, config, simulator, harness, testcase, label, *, waves, seed,
                    rf"^(?!.*\.({names})(/|$))" if exclude else None)
     test_dir.mkdir(parents=True, exist_ok=True)
     plusargs = [f"+moegen_manifest={m_path}"] + (["+moegen_measure=1"] if measure else [])
+    if measure and optimize:
+        plusargs.append("+moegen_timed=1")      # a speed figure (make bench): tb.harness.timing
     if waves and simulator == "icarus":
         # cocotb's Icarus dump module honours this plusarg: one trace per run folder.
         plusargs.append(f"+dumpfile_path={test_dir / (block.name + '.fst')}")

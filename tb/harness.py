@@ -6,15 +6,18 @@ its path to the simulator as the plusarg ``+moegen_manifest=PATH``. A test modul
 give the payload layouts, so the test bench packs bits with the design's own layouts.
 """
 
+import functools
 import json
 import random
+import time
 
 import cocotb
 
 from hw.registry import get_block
 
 __all__ = ["dut_manifest", "load_dut_config", "make_rng", "start_bench", "restart_bench",
-           "write_throughput", "THROUGHPUT_FILE", "throughput_beats", "measuring"]
+           "write_throughput", "THROUGHPUT_FILE", "throughput_beats", "measuring", "timing",
+           "TIMED_CYCLES", "long_enough_to_time"]
 
 # Written by each block's test_throughput in its run folder; read by flows/bench.py.
 THROUGHPUT_FILE = "throughput.json"
@@ -26,6 +29,58 @@ def measuring():
     times the design then runs its long form, and the figures that only the measurements
     report."""
     return bool(cocotb.plusargs.get("moegen_measure"))
+
+
+def timing():
+    """Whether the run gives a speed figure (``flows.sim.run_tests(measure=True,
+    optimize=True)``: `make bench`'s throughput part; the plusarg ``+moegen_timed=1``): a
+    throughput test then runs for :data:`TIMED_CYCLES` simulated cycles or more
+    (:func:`long_enough_to_time`). Other measuring runs (the demo, ``moegen sweep``, `make
+    bench`'s traced activity run) report no speed and run it once."""
+    return bool(cocotb.plusargs.get("moegen_timed"))
+
+
+# A speed (simulated cycles per wall-clock second) is timed over this many simulated cycles at
+# least: over a few hundred, one slow wake-up of the VM moves it by tens of percent.
+TIMED_CYCLES = 10_000
+
+
+def long_enough_to_time(test):
+    """Decorate a cocotb ``test_throughput`` (which writes :data:`THROUGHPUT_FILE`) so that,
+    when the run reports a speed (:func:`timing`), it runs again and again, each time from its
+    own reset and with all of its own assertions, until :data:`TIMED_CYCLES` simulated cycles
+    have passed since it began; its file then gives the simulated cycles per wall second over
+    all of them (``simulated_cycles``, ``timed_runs``) and the operations of all of them. The
+    runs are alike (each draws from the same seeded generator), so every run's cycle figures
+    are the first's. When the run gives no speed figure (`make test`, `make sweep`, the demo,
+    a traced run) it is the test itself, run once."""
+    @functools.wraps(test)
+    async def timed(dut):
+        if not timing():
+            return await test(dut)
+        from tb.streams import edge_now, stop_stream_ends   # streams needs a simulator
+        began, first_edge = time.perf_counter(), edge_now()
+        runs, operations, first_metrics = 0, 0, None
+        while True:
+            await test(dut)
+            runs += 1
+            with open(THROUGHPUT_FILE) as f:
+                report = json.load(f)
+            first_metrics = first_metrics or report["metrics"]
+            assert report["metrics"] == first_metrics, (
+                f"run {runs} measured {report['metrics']}, the first {first_metrics}")
+            operations += report["operations"]
+            cycles = edge_now() - first_edge
+            if cycles >= TIMED_CYCLES:
+                break
+            stop_stream_ends()          # the next run's reset and ports start afresh
+        wall = time.perf_counter() - began
+        report.pop("sim_cycles_per_second_runs", None)     # one run's rates: not this figure
+        report.update(operations=operations, simulated_cycles=cycles, timed_runs=runs,
+                      sim_cycles_per_second=cycles / wall)
+        with open(THROUGHPUT_FILE, "w") as f:
+            json.dump(report, f, indent=2)
+    return timed
 
 
 def throughput_beats():

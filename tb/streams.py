@@ -27,7 +27,7 @@ __all__ = ["CLOCK_PERIOD_NS", "STALL_PROFILES", "LONG_BURSTS", "ProtocolError", 
            "StreamMonitor", "StreamSink", "StreamBench", "PipeBench", "JobBench",
            "InOrderScoreboard", "beats_per_cycle",
            "stream_layout", "Worker", "EdgeWorker", "bit_string", "read_bits",
-           "wait_for"]
+           "wait_for", "stop_stream_ends"]
 
 CLOCK_PERIOD_NS = 10
 
@@ -288,6 +288,14 @@ class _EdgeTicker:
                 # (by code that ran before this coroutine): its first edge is the next one.
                 if worker._ticking and worker._started != now:
                     worker._on_edge()
+
+
+def stop_stream_ends():
+    """Stop every started stream end (source, sink, monitor) of every clock: a test that runs
+    again from a reset (``tb.harness.long_enough_to_time``) starts ports of its own."""
+    for ticker in _EdgeTicker._tickers.values():
+        for worker in tuple(ticker.workers):
+            worker.stop()
 
 
 class Worker:

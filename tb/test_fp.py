@@ -15,7 +15,8 @@ import cocotb
 from cocotb.triggers import ClockCycles
 
 from golden import fp as golden
-from tb.harness import restart_bench, start_bench, throughput_beats, write_throughput
+from tb.harness import (long_enough_to_time, restart_bench, start_bench, throughput_beats,
+                        write_throughput)
 from tb.streams import STALL_PROFILES, PipeBench, beats_per_cycle, edge_now
 
 
@@ -479,6 +480,7 @@ async def test_reset_mid_dot(dut):
 
 
 @cocotb.test()
+@long_enough_to_time
 async def test_throughput(dut):
     """Beats and products per cycle at saturation over throughput_beats() beats: dot products
     of 4g elements, as many on every slot, so that the slots take turns to the end; with at

@@ -12,7 +12,8 @@ import cocotb
 from cocotb.triggers import ClockCycles
 
 from golden import logfmt as golden
-from tb.harness import restart_bench, start_bench, throughput_beats, write_throughput
+from tb.harness import (long_enough_to_time, restart_bench, start_bench, throughput_beats,
+                        write_throughput)
 from tb.logfmt_tiles import (EDGE_KINDS, KINDS, divider_edge_tile, random_tile,
                               rounding_edge_tile, rounding_edges)
 from tb.streams import STALL_PROFILES, PipeBench, beats_per_cycle, edge_now
@@ -127,6 +128,7 @@ async def test_reset_mid_tile(dut):
 
 
 @cocotb.test()
+@long_enough_to_time
 async def test_throughput(dut):
     """Elements per cycle at saturation over throughput_beats() beats: ``lanes``."""
     bench = await start_bench(EncoderBench, dut, "throughput")

@@ -18,7 +18,7 @@ from golden import moe_layer as golden
 from golden import router as golden_router
 from golden.fixed import signed_limits
 from tb.fp8 import largest_code, random_scale, random_token
-from tb.harness import start_bench, throughput_beats, write_throughput
+from tb.harness import long_enough_to_time, start_bench, throughput_beats, write_throughput
 from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, pause_fraction,
                         reset_dut, wait_for)
 
@@ -283,6 +283,7 @@ async def test_protocol_misuse_sets_error(dut):
 
 
 @cocotb.test()
+@long_enough_to_time
 async def test_throughput(dut):
     """Every port saturated: tokens per cycle against the bound 1/(H + B) of the packet port,
     over throughput_beats() flits or more; written for `make bench`."""

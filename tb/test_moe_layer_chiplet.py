@@ -17,7 +17,7 @@ from golden import moe_layer as golden
 from golden import ndp as golden_ndp
 from golden.fixed import signed_limits
 from tb.fp8 import random_code, random_scale, random_scales, random_token, unit_scales
-from tb.harness import start_bench, write_throughput
+from tb.harness import long_enough_to_time, start_bench, write_throughput
 from tb.streams import (LONG_BURSTS, STALL_PROFILES, InOrderScoreboard, StreamBench, edge_now,
                         pause_fraction, reset_dut, wait_for)
 
@@ -796,6 +796,7 @@ async def test_reset_at_a_loads_first_middle_and_last_beat(dut):
 
 
 @cocotb.test()
+@long_enough_to_time
 async def test_throughput(dut):
     """Every port saturated, weights resident: PE utilization of full batches (MACs of the
     chosen experts over PEs x cycles from the first flit in to the last flit out)."""

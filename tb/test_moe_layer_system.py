@@ -20,7 +20,8 @@ from golden.dram import Ddr4Stream
 from golden.fixed import signed_limits
 from tb.fp8 import (largest_code, random_code, random_scale, random_scales, random_token,
                      unit_scales)
-from tb.harness import load_dut_config, measuring, start_bench, write_throughput
+from tb.harness import (load_dut_config, long_enough_to_time, measuring, start_bench,
+                        write_throughput)
 from tb.streams import (STALL_PROFILES, HeldPauses, StreamBench, edge_now, pause_fraction,
                         wait_for)
 
@@ -969,6 +970,7 @@ async def test_misuse(dut):
 
 
 @cocotb.test()
+@long_enough_to_time
 async def test_throughput(dut):
     """A balanced 64-token batch (fewer if 2**token_width is; 16 in `make test`, which checks
     rather than measures) with co-activation structure (``golden.moe_layer.community_workload``),

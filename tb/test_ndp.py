@@ -18,7 +18,7 @@ from golden import fixed
 from golden import ndp as golden
 from golden.dram import DDR4_3200AA, TABLE_I
 from hw.ndp import token_bits
-from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.harness import load_dut_config, long_enough_to_time, make_rng, write_throughput
 from tb.ndp_bench import NdpBenchBase, dram_times, silu_table
 from tb.streams import (STALL_PROFILES, assert_high_from_to, edge_now, sample_each_edge,
                         start_after_reset, wait_for)
@@ -323,6 +323,7 @@ async def test_cycle_exact(dut):
 
 
 @cocotb.test()
+@long_enough_to_time
 async def test_throughput(dut):
     """MAC utilization with an ideal weight stream and with the DDR4 model (every beat taken
     at its arrival), a 4-DIMM tensor-parallel expert, and the cycles of one DIMM's slice of each

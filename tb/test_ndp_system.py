@@ -17,7 +17,7 @@ from cocotb.triggers import ClockCycles
 from golden import fixed
 from golden import ndp as golden
 from hw.ndp import COUNT_BITS, token_bits
-from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.harness import load_dut_config, long_enough_to_time, make_rng, write_throughput
 from tb.ndp_bench import NdpBenchBase, dram_times, silu_table
 from tb.streams import (STALL_PROFILES, assert_high_from_to, edge_now, sample_each_edge,
                         start_after_reset, wait_for)
@@ -248,6 +248,7 @@ async def test_ddr4_fed_dimms(dut):
 
 
 @cocotb.test()
+@long_enough_to_time
 async def test_throughput(dut):
     """One Table II expert (Qwen3-30B-A3B's 2048 x 768, scaled to the buffers) over the N DIMMs
     for S = 1, 8 and max_tokens tokens: cycles against the cycle model, MAC utilization of the

@@ -21,7 +21,8 @@ from golden import fp
 from golden import nop as golden
 from golden import router as golden_router
 from hw import nop as hw_nop
-from tb.harness import dut_manifest, load_dut_config, make_rng, write_throughput
+from tb.harness import (dut_manifest, load_dut_config, long_enough_to_time, make_rng,
+                        write_throughput)
 from tb.streams import (STALL_PROFILES, HeldPauses, StreamBench, edge_now, reset_dut,
                         start_after_reset, start_clock, wait_for)
 
@@ -588,6 +589,7 @@ def _placement_masks(bench, clustered):
 
 
 @cocotb.test()
+@long_enough_to_time
 async def test_throughput(dut):
     """Saturation and placement figures, each asserted against the golden model.
 

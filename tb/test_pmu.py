@@ -13,7 +13,7 @@ import cocotb
 from cocotb.triggers import ClockCycles, RisingEdge
 
 from golden import pmu as golden
-from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.harness import load_dut_config, long_enough_to_time, make_rng, write_throughput
 from tb.streams import STALL_PROFILES, StreamBench, edge_now, reset_dut, start_clock, wait_for
 
 
@@ -583,6 +583,7 @@ async def test_misuse_sets_error(dut):
 
 
 @cocotb.test()
+@long_enough_to_time
 async def test_throughput(dut):
     """Accesses per cycle per port for row, column and strided patterns, diagonal vs naive.
 

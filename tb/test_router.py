@@ -13,7 +13,7 @@ from cocotb.triggers import ClockCycles
 from golden import placement
 from golden import nop as golden_nop
 from golden import router as golden
-from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.harness import load_dut_config, long_enough_to_time, make_rng, write_throughput
 from tb.streams import (STALL_PROFILES, StreamBench, edge_now, reset_dut,
                         start_after_reset, wait_for)
 
@@ -209,6 +209,7 @@ async def test_reset_mid_stream(dut):
 
 
 @cocotb.test()
+@long_enough_to_time
 async def test_throughput(dut):
     """Tokens per cycle and latency at saturation, and r of a synthetic trace routed by the RTL
     with round-robin and clustered expert-to-leaf tables."""

@@ -12,7 +12,7 @@ from cocotb.triggers import ClockCycles
 
 from golden import fixed
 from golden import spiking as golden
-from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.harness import load_dut_config, long_enough_to_time, make_rng, write_throughput
 from tb.streams import STALL_PROFILES, StreamBench, reset_dut, start_after_reset, wait_for
 
 
@@ -174,6 +174,7 @@ async def test_reset_mid_stream(dut):
 
 
 @cocotb.test()
+@long_enough_to_time
 async def test_throughput(dut):
     """One timestep per cycle with a ready output, each output LATENCY edges after its input
     (cycle-exact); spike rate of a random drive, written for make bench / make demo."""

@@ -12,7 +12,7 @@ from cocotb.triggers import ClockCycles
 
 from golden import fixed
 from golden import spiking_attention as golden
-from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.harness import load_dut_config, long_enough_to_time, make_rng, write_throughput
 from tb.streams import (LONG_BURSTS, STALL_PROFILES, JobBench, assert_high_from_to,
                         sample_each_edge, start_after_reset)
 
@@ -194,6 +194,7 @@ async def test_bad_commands_set_sticky_error(dut):
 
 
 @cocotb.test()
+@long_enough_to_time
 async def test_throughput(dut):
     """Waiting streams and a ready output: every qk beat, V beat and output on the edge the
     golden cycle model gives (one timestep per max(d, N, max_head_dim) cycles). ``busy`` is

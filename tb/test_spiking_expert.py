@@ -12,7 +12,7 @@ from cocotb.triggers import ClockCycles
 
 from golden import fixed
 from golden import spiking_expert as golden
-from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.harness import load_dut_config, long_enough_to_time, make_rng, write_throughput
 from tb.streams import (STALL_PROFILES, JobBench, assert_high_from_to, sample_each_edge,
                         start_after_reset)
 
@@ -251,6 +251,7 @@ async def test_bad_commands_set_sticky_error(dut):
 
 
 @cocotb.test()
+@long_enough_to_time
 async def test_throughput(dut):
     """Waiting streams and a ready output: every input beat of a job with D_in >= C goes in
     one per cycle (no bubble between tiles), column 0 of each tile leaves column_latency

@@ -13,7 +13,7 @@ from cocotb.triggers import ClockCycles
 from golden import fixed
 from golden import spiking_moe as golden
 from golden.spiking_router import router_output_order
-from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.harness import load_dut_config, long_enough_to_time, make_rng, write_throughput
 from tb.streams import (STALL_PROFILES, JobBench, assert_high_from_to, pause_fraction,
                         sample_each_edge, start_after_reset, wait_for)
 
@@ -305,6 +305,7 @@ async def test_bad_commands_set_sticky_error(dut):
 
 
 @cocotb.test()
+@long_enough_to_time
 async def test_throughput(dut):
     """Waiting streams and ready outputs on a full-size layer: the cycle of every phase
     against the golden cycle model (activation load, routing, the cores in parallel, the

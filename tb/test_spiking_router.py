@@ -14,7 +14,7 @@ from cocotb.triggers import ClockCycles
 from golden import fixed
 from golden import spiking_router as golden
 from hw.spiking_router import router_command_layout
-from tb.harness import load_dut_config, make_rng, write_throughput
+from tb.harness import load_dut_config, long_enough_to_time, make_rng, write_throughput
 from tb.streams import (STALL_PROFILES, JobBench, assert_high_from_to, sample_each_edge,
                         start_after_reset)
 
@@ -179,6 +179,7 @@ async def test_bad_commands_set_sticky_error(dut):
 
 
 @cocotb.test()
+@long_enough_to_time
 async def test_throughput(dut):
     """Waiting streams and a ready output: every beat goes in one per cycle (no bubble between
     column tiles when T x D_in >= C), token j of a tile leaves route_latency + j edges after

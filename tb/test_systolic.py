@@ -18,8 +18,8 @@ from golden import fixed
 from golden import fp
 from golden import systolic as golden
 from tb.buffered import BufferedBench
-from tb.harness import (load_dut_config, make_rng, measuring, throughput_beats,
-                        write_throughput)
+from tb.harness import (load_dut_config, long_enough_to_time, make_rng, measuring,
+                        throughput_beats, write_throughput)
 from tb.streams import (STALL_PROFILES, InOrderScoreboard, StreamBench, edge_now, pause_fraction,
                         reset_dut, start_clock, wait_for)
 
@@ -438,6 +438,7 @@ async def _saturated_run(dut, buffered, jobs):
 
 
 @cocotb.test()
+@long_enough_to_time
 async def test_throughput(dut):
     """32 saturated jobs on the per-cycle bench (tb.streams): cycle-exact, and its speed."""
     await _saturated(dut, buffered=False, jobs=32)

@@ -127,10 +127,12 @@ def test_a_partial_throughput_run_is_dated_on_the_block_page():
          "synth_generic": {"cells": 5, "flip_flops": 1, "luts": 4, "abc": True}}]}
     new = {"generated": "now", "results": [
         {"block": "lif", "params": "", "partial": True, "verilator": figures,
-         "icarus": figures}]}
+         "icarus": figures, "bare_verilator_cycles_per_second": 1000.0}]}
     assert "From `make bench` of then (docs" in _figures_table("lif", merge_bench(old, old))
     page = _figures_table("lif", merge_bench(old, new))
     assert "From `make bench` of then (the `test_throughput` figures of now)" in page
+    # The bare loop runs with the throughput tests: its ceiling is that run's.
+    assert "| 10 of 1,000 bare |" in page
     # `moegen bench --only synth` replaces the cells the same way, and the page says so too.
     area = {"cells": 7, "flip_flops": 2, "luts": 5, "abc": False}
     synth = {"generated": "later", "results": [

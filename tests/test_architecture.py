@@ -79,6 +79,15 @@ def test_every_family_lives_in_exactly_its_five_places():
     assert {p.stem for p in (ROOT / "docs" / "blocks").glob("*.md")} == set(families())
 
 
+def test_every_block_s_speed_is_timed_over_10k_cycles():
+    """Each block's cocotb module has a test_throughput, decorated so that a run reporting a
+    speed times it over 10k simulated cycles or more (tb.harness.long_enough_to_time)."""
+    for module in sorted({block.tb_module for block in all_blocks()}):
+        text = (ROOT / (module.replace(".", "/") + ".py")).read_text()
+        assert "@cocotb.test()\n@long_enough_to_time\nasync def test_throughput(dut):" in text, \
+            module
+
+
 def test_committed_docs_are_what_moegen_docs_generates():
     assert docs.stale_files() == [], "run `.venv/bin/moegen docs` and commit the result"
 

@@ -1,11 +1,14 @@
 """lif: golden rule, config validation and cocotb on both simulators."""
 
+import json
+
 import pytest
 
 from conftest import SIMULATORS, config_id, run_block, sweep_params
 from golden import spiking as golden
 from hw.params import ParamError
 from hw.spiking import LifConfig
+from tb.harness import THROUGHPUT_FILE, TIMED_CYCLES
 
 COCOTB_TESTS = 8
 
@@ -51,6 +54,31 @@ def test_config_rejects_bad_values(kwargs, message):
 @pytest.mark.parametrize("params", sweep_params(SIM_CONFIGS, LIF_SWEEP))
 def test_cocotb(params, simulator):
     assert run_block("lif", params, simulator).tests == COCOTB_TESTS
+
+
+@pytest.mark.parametrize("simulator", SIMULATORS)
+def test_a_reported_speed_is_timed_over_10k_cycles(simulator):
+    """A run that gives a speed figure (`make bench`: measure, optimized build) repeats
+    test_throughput, each run from its reset and with its assertions, until 10,000 simulated
+    cycles have passed (tb.harness.long_enough_to_time); `make test` runs it once, and so does
+    a measuring run that reports no speed (the demo; `make bench`'s traced activity run, whose
+    operations must be one run's)."""
+    reports = {}
+    for kind, kwargs in (("check", {}), ("timed", {"measure": True, "optimize": True}),
+                         ("traced", {"measure": True, "waves": True})):
+        result = run_block("lif", {}, simulator, testcase=["test_throughput"], quiet=True,
+                           **kwargs)
+        reports[kind] = json.loads((result.results_xml.parent / THROUGHPUT_FILE).read_text())
+    once, timed = reports["check"], reports["timed"]
+    assert "timed_runs" not in once and "timed_runs" not in reports["traced"]
+    assert reports["traced"]["operations"] == once["operations"]
+    runs = timed["timed_runs"]
+    # The runs are alike (64 steps after a reset): the last one is the first past 10k cycles.
+    cycles = timed["simulated_cycles"]
+    assert runs > 1 and cycles * (runs - 1) / runs < TIMED_CYCLES <= cycles, (runs, cycles)
+    assert timed["operations"] == runs * once["operations"]
+    assert timed["metrics"] == once["metrics"]
+    assert timed["sim_cycles_per_second"] > 0
 
 
 def test_synthesizes(tmp_path):
