@@ -124,7 +124,6 @@ def _synth_figures(block, config):
     return {"synth_generic": {k: area[k] for k in ("cells", "flip_flops", "luts", "dsps", "abc")}}
 
 
-# part: (what it measures, its function (block, config, label) -> {record key: figures}).
 def _throughputs_and_bare(block, config, label):
     """:func:`_throughputs` and, in the same run, the bare Verilator loop of the same Verilog:
     the bench's speed against its ceiling is a ratio of one run's figures (the VM's speed
@@ -134,6 +133,7 @@ def _throughputs_and_bare(block, config, label):
     return {**figures, "bare_verilator_cycles_per_second": bare_cycles_per_second(block, config)}
 
 
+# part: (what it measures, its function (block, config, label) -> {record key: figures}).
 PARTS = {"throughput": ("test_throughput on both simulators, the bare Verilator loop",
                         _throughputs_and_bare),
          "synth": ("synthesis (yosys, generic)",
