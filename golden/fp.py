@@ -232,15 +232,16 @@ ACC_EMIN, ACC_EMAX = -126, 127          # the accumulator's 8-bit exponent range
 # taken DOT_SLOT_GAP edges after its last one at the earliest, and beats of different slots
 # one per cycle. The result of a dot product whose last beat is taken at edge t is taken at
 # edge t + DOT_LATENCY with every port ready: DOT_FRONT_STAGES registers before the partial-sum
-# loop (the products; the largest exponent of each group of lanes; the beat's; each product's
-# shift; the aligned products; the bit columns' counts per group of lanes; in all; two levels
-# of their suffix sums; the beat's sums for every shift), the loop's (its last holds the new
-# partial sum), DOT_SCALE_STAGES for the partial sum times its scales (the product, its
+# loop (the products; which lane of each group of lanes has the largest exponent; that
+# exponent; the beat's; each product's shift; the aligned products; the bit columns' counts
+# per group of lanes; in all; two levels of their suffix sums; the beat's sums for every
+# shift), the loop's (its last holds the new partial sum), DOT_SCALE_STAGES for the partial
+# sum times its scales (the products of 18-bit slices of the scales' mantissa, their sum, its
 # leading one), the FP32 loop's (its last is the output register).
-DOT_FRONT_STAGES = 9
-DOT_PARTIAL_STAGES = 8
-DOT_SCALE_STAGES = 2
-DOT_TOTAL_STAGES = 10
+DOT_FRONT_STAGES = 10
+DOT_PARTIAL_STAGES = 9
+DOT_SCALE_STAGES = 3
+DOT_TOTAL_STAGES = 14
 DOT_SLOT_GAP = max(DOT_PARTIAL_STAGES, DOT_TOTAL_STAGES)
 DOT_LATENCY = DOT_FRONT_STAGES + DOT_PARTIAL_STAGES + DOT_SCALE_STAGES + DOT_TOTAL_STAGES
 

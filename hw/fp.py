@@ -24,22 +24,24 @@ takes a beat a cycle from that many slots in turn. The steps:
 5. at a promotion: the partial sum times the two FP32 scales (exact, at most 73 bits) plus the
    FP32 accumulator, added in an 80-bit field with a sticky bit and rounded once to FP32.
 
-The pipeline (``golden.fp.DOT_LATENCY`` registers; docs/blocks/fp.md, Timing): nine in front,
-(1) the products; (2) the largest leading-bit exponent of each group of MAX_GROUP lanes; (3)
-the beat's own largest exponent B (at least -126); (4) each product's shift to it; (5) each
-product aligned to B, in F + 1 bits (B is at least each product's leading-bit exponent); (6)
-the bit columns' counts per group of lanes, (7) in all, and from them (8, 9), for every
-further shift d = 0..F, the beat's sum with each term shifted right by d and truncated (a
+The pipeline (``golden.fp.DOT_LATENCY`` registers; docs/blocks/fp.md, Timing): ten in front,
+(1) the products; (2) which lane of each group of MAX_GROUP lanes has the largest leading-bit
+exponent, (3) that exponent; (4) the beat's own largest exponent B (at least -126); (5) each
+product's shift to it; (6) each product aligned to B, in F + 1 bits (B is at least each
+product's leading-bit exponent); (7) the bit columns' counts per group of lanes, (8) in all,
+and from them (9, 10), for every further shift d = 0..F, the beat's sum with each term shifted right by d and truncated (a
 product aligned to E = max(B, partial sum's) is its B-aligned value shifted by E - B, since
 floor(floor(x) / 2**d) = floor(x / 2**d)). Then the partial-sum loop over
 ``golden.fp.DOT_PARTIAL_STAGES`` cycles (steps 2 to 4: read the slot's partial sum; compare
-its exponent with B; pick the sum for d = E - B (none past F: zero); add the aligned partial
-sum; its magnitude; its leading one; shift it to F + 1 bits; saturate and write it back),
-the partial sum times its scales over ``golden.fp.DOT_SCALE_STAGES``, and the FP32 loop over
-``golden.fp.DOT_TOTAL_STAGES`` cycles (step 5: read the slot's accumulator; its leading one;
-the operands' shifts; align; add; the sum's magnitude; its leading one; the bits to drop; the
-bits kept and the rounding bits; round and write it back) into the output register. The
-registers past the front are placed by the ``cut`` argument of ``FpAccumulator``'s steps
+its exponent with B, and d = E - B; pick the sum for d (none past F: zero); add the aligned
+partial sum; its magnitude; its leading one; how far to shift it; shift it to F + 1 bits;
+saturate and write it back), the partial sum times its scales over
+``golden.fp.DOT_SCALE_STAGES``, and the FP32 loop over ``golden.fp.DOT_TOTAL_STAGES`` cycles
+(step 5: read the slot's accumulator; decode it; its leading one; the operands' shifts; clamp
+them; align; add; the sum's sign and magnitude; its leading one; the bits to drop; their mask;
+the bits kept and the rounding bits; round; its code, written back) into the output register.
+Each stage holds a few LUT levels (issue 20's 100 MHz on ECP5): a wide shift, a leading-one
+search or a long carry chain, each with little before or after it. The registers past the front are placed by the ``cut`` argument of ``FpAccumulator``'s steps
 (``_normalize``, ``_scaled``, ``_add_round``; in front, ``aligned_product``), which ``step``
 calls with none.
 """
@@ -64,6 +66,7 @@ ACC_EXPONENT_BITS = 9              # signed -126..127 (the 8-bit exponent's rang
 MAX_GROUP = 8                      # lanes whose largest exponent one fp_dot stage finds
 SCALE_BLOCK = 128                  # elements per scale (1x128 tiles, 128x128 blocks)
 FIELD = 80                         # promotion adder: bits from the larger operand's top down
+DSP_OPERAND_BITS = 18              # an ECP5 MULT18X18D's: fp_dot's scale product in slices of it
 FP32 = golden.FORMATS["fp32"]
 
 
@@ -334,7 +337,7 @@ class FpAccumulator:
         """Step 4's renormalization: the exact signed sum ``total`` (its last bit's weight
         2**(largest - F)) as the magnitude's ``(mantissa of F + 1 bits, exponent)``: truncated
         toward zero, unnormalized at exponent -126, saturated above 127, (0, -126) for zero.
-        ``cut``: where a pipeline places its registers (three cuts; :func:`_in_one_cycle`)."""
+        ``cut``: where a pipeline places its registers (four cuts; :func:`_in_one_cycle`)."""
         m, p, F = self.m, self.prefix, self.acc_frac
         emin, emax = golden.ACC_EMIN, golden.ACC_EMAX
         E = ACC_EXPONENT_BITS + 2
@@ -344,29 +347,45 @@ class FpAccumulator:
         magnitude, largest = live["magnitude"], live["largest"]
         lead = leading_one_tree(m, magnitude, f"{p}sum_lead")
         excess = Signal(signed(E + 1), name=f"{p}excess")      # > 0: carry bits to drop
-        m.d.comb += excess.eq(lead - F)
-        live = cut({"magnitude": magnitude, "largest": largest, "zero": live["zero"],
-                    "excess": excess})
-        magnitude, largest, excess = live["magnitude"], live["largest"], live["excess"]
-        # From ``largest`` alone, beside the sum: the room above -126 and below 127.
+        missing = Signal(signed(E + 1), name=f"{p}missing")    # -excess, beside it
+        m.d.comb += [excess.eq(lead - F), missing.eq(F - lead)]
+        # From ``largest`` alone, beside the sum: the room above -126 and below 127 (and its
+        # negation, for the left shift's overflow test).
         room = Signal(signed(E + 1), name=f"{p}room")
         headroom = Signal(signed(E + 1), name=f"{p}headroom")
-        m.d.comb += [room.eq(largest - emin), headroom.eq(emax - largest)]
+        beyond = Signal(signed(E + 1), name=f"{p}beyond")      # -headroom
+        m.d.comb += [room.eq(largest - emin), headroom.eq(emax - largest),
+                     beyond.eq(largest - emax)]
+        live = cut({"magnitude": magnitude, "largest": largest, "zero": live["zero"],
+                    "excess": excess, "missing": missing, "room": room, "headroom": headroom,
+                    "beyond": beyond})
+        magnitude, largest, excess = live["magnitude"], live["largest"], live["excess"]
+        room, missing, beyond = live["room"], live["missing"], live["beyond"]
         normal_m = Signal(F + 1, name=f"{p}normal_m")
         normal_e = Signal(signed(E + 1), name=f"{p}normal_e")
         overflow = Signal(name=f"{p}overflow")                 # normal_e > 127
+        # Right by the carry bits, or left by the missing ones but not below exponent -126:
+        # how far, the exponent and the overflow first, the shift in the next stage. The
+        # exponent and the overflow for both lefts beside the comparison that picks one.
+        floored = room < missing
+        left = Signal(range(F + 2), name=f"{p}left")
+        to_floor = Signal(range(F + 2), name=f"{p}left_to_floor")
+        by_missing = Signal(range(F + 2), name=f"{p}left_by_missing")
+        m.d.comb += [to_floor.eq(room), by_missing.eq(missing)]
         with m.If(excess >= 0):
-            m.d.comb += [normal_m.eq(magnitude >> excess.as_unsigned()),
-                         normal_e.eq(largest + excess), overflow.eq(excess > headroom)]
+            m.d.comb += [normal_e.eq(largest + excess), overflow.eq(excess > live["headroom"])]
         with m.Else():
-            # Left: by the missing bits, but not below exponent -126.
-            left = Signal(range(F + 2), name=f"{p}left")
-            m.d.comb += left.eq(Mux(room < -excess, room, -excess))
-            m.d.comb += [normal_m.eq(magnitude << left), normal_e.eq(largest - left),
-                         overflow.eq(left < -headroom)]
+            m.d.comb += left.eq(Mux(floored, to_floor, by_missing))
+            m.d.comb += [normal_e.eq(Mux(floored, largest - to_floor, largest - by_missing)),
+                         overflow.eq(Mux(floored, to_floor < beyond, by_missing < beyond))]
+        live = cut({"magnitude": magnitude, "excess": excess, "left": left,
+                    "normal_e": normal_e, "overflow": overflow, "zero": live["zero"]})
+        excess = live["excess"]
+        m.d.comb += normal_m.eq(Mux(excess >= 0, live["magnitude"] >> excess.as_unsigned(),
+                                    live["magnitude"] << live["left"]))
         # The shifts end a stage, the saturation's select (and a loop's write back) begins one.
-        live = cut({"normal_m": normal_m, "normal_e": normal_e, "overflow": overflow,
-                    "zero": live["zero"]})
+        live = cut({"normal_m": normal_m, "normal_e": live["normal_e"],
+                    "overflow": live["overflow"], "zero": live["zero"]})
         normal_m, normal_e, overflow = live["normal_m"], live["normal_e"], live["overflow"]
         new_m = Signal(F + 1, name=f"{p}new_m")
         new_e = Signal(signed(E + 1), name=f"{p}new_e")
@@ -393,28 +412,45 @@ class FpAccumulator:
         special = (scale_a[top - 8:top] == 255) | (scale_b[top - 8:top] == 255)
         return special, a_sign ^ b_sign, mantissa, exponent
 
-    def _scaled(self, sign, mantissa, exponent, factor, cut=_in_one_cycle):
+    def _scaled(self, sign, mantissa, exponent, factor, cut=_in_one_cycle, slice_bits=None):
         """A partial sum (sign, F + 1-bit mantissa, exponent) times a scale factor
         (:meth:`_scale_factor`): ``(sign, mantissa, exponent of its last bit, of its leading
-        bit)``, exact. ``cut``: a pipeline's register after the product (one cut)."""
+        bit)``, exact. ``cut``: a pipeline's registers after the product and after its leading
+        one (two cuts; :func:`_in_one_cycle`); with ``slice_bits``, first the mantissa times
+        each slice of that many bits of the factor's (an ECP5 DSP's 18: a multiplier each,
+        with nothing after it), and their sum in the stage after (three cuts)."""
         m, p, F = self.m, self.prefix, self.acc_frac
         _, f_sign, f_m, f_x = factor
         product = Signal(F + 1 + len(f_m), name=f"{p}scaled_m")
         product_x = Signal(signed(14), name=f"{p}scaled_x")
-        m.d.comb += [product.eq(mantissa * f_m), product_x.eq(exponent - F + f_x)]
+        if slice_bits is None:
+            m.d.comb += [product.eq(mantissa * f_m), product_x.eq(exponent - F + f_x)]
+        else:
+            m.d.comb += product_x.eq(exponent - F + f_x)
+            slices = range(0, len(f_m), slice_bits)
+            live = cut({"sign": sign, "f_sign": f_sign, "product_x": product_x,
+                        **{f"slice{k}": mantissa * f_m[k:k + slice_bits] for k in slices}})
+            total = 0
+            for k in slices:
+                total = total + (live[f"slice{k}"] << k)
+            m.d.comb += product.eq(total)
+            sign, f_sign, product_x = live["sign"], live["f_sign"], live["product_x"]
         live = cut({"sign": sign ^ f_sign, "product": product, "product_x": product_x})
         product, product_x = live["product"], live["product_x"]
         top = Signal(signed(14), name=f"{p}scaled_top")
-        m.d.comb += top.eq(product_x + leading_one_tree(m, product, f"{p}scaled_lead"))
-        return live["sign"], product, product_x, top
+        lead = leading_one_tree(m, product, f"{p}scaled_lead")
+        live = cut({"sign": live["sign"], "product": product, "product_x": product_x,
+                    "lead": lead})
+        m.d.comb += top.eq(live["product_x"] + live["lead"])
+        return live["sign"], live["product"], live["product_x"], top
 
-    def _aligned(self, mantissa, shift, name):
-        """``mantissa * 2**(FIELD - shift)`` in FIELD + 1 bits, truncated, and whether bits
-        were lost (sticky): shift = FIELD - (exponent - base) for a mantissa of ``exponent``
-        and the field's last bit at ``base``. The caller makes the top fit."""
+    def _alignment(self, shift, width, name):
+        """The amount :meth:`_aligned` shifts a ``width``-bit mantissa by: ``shift`` = FIELD -
+        (exponent - base) for a mantissa of ``exponent`` and the field's last bit at ``base``,
+        clamped to 0..255. Returns ``(amount, the signals _aligned drives)``: those are made
+        here, with the amount, so that a step done in one cycle names its signals in one
+        order whether or not a pipeline's register parts the clamp from the shift."""
         m = self.m
-        width = len(mantissa)
-        full = Cat(Const(0, FIELD), mantissa)
         # Shifts of 256 or more clear the field as FIELD + width does: their high bits, not a
         # comparison, make the clamp (a negative shift comes only with a zero mantissa).
         low = 8
@@ -422,10 +458,17 @@ class FpAccumulator:
         amount = Signal(low, name=f"{name}_amount")
         m.d.comb += amount.eq(Mux(shift[-1], 0, Mux(shift[low:-1].any(), (1 << low) - 1,
                                                     shift[:low])))
-        value = Signal(FIELD + 1, name=f"{name}_aligned")
-        lost = Signal(name=f"{name}_sticky")
-        m.d.comb += [value.eq(full >> amount),
-                     lost.eq((full & _low_mask(amount, FIELD + width)) != 0)]
+        return amount, (Signal(FIELD + 1, name=f"{name}_aligned"),
+                        Signal(name=f"{name}_sticky"))
+
+    def _aligned(self, mantissa, amount, outputs):
+        """``mantissa * 2**(FIELD - amount)`` in FIELD + 1 bits, truncated, and whether bits
+        were lost (sticky), into ``outputs`` (:meth:`_alignment`). The caller makes the top
+        fit."""
+        full = Cat(Const(0, FIELD), mantissa)
+        value, lost = outputs
+        self.m.d.comb += [value.eq(full >> amount),
+                          lost.eq((full & _low_mask(amount, FIELD + len(mantissa))) != 0)]
         return value, lost
 
     def _scale(self, code, name):
@@ -441,9 +484,14 @@ class FpAccumulator:
         """The FP32 code of ``total`` + (-1)**product_sign * product * 2**product_x (its
         leading bit's exponent ``p_top`` when nonzero), rounded to nearest even once
         (saturating, subnormals kept, zero positive). ``cut``: where a pipeline places its
-        registers (eight cuts; :func:`_in_one_cycle`)."""
+        registers (twelve cuts; :func:`_in_one_cycle`)."""
         m, p = self.m, self.prefix
         _, _, t_sign, t_m, t_x = _operand(m, total, f"{p}total", FP32)
+        live = cut({"product": product, "product_sign": product_sign, "product_x": product_x,
+                    "p_top": p_top, "t_sign": t_sign, "t_m": t_m, "t_x": t_x})
+        product, product_sign, product_x, p_top = (live["product"], live["product_sign"],
+                                                   live["product_x"], live["p_top"])
+        t_sign, t_m, t_x = live["t_sign"], live["t_m"], live["t_x"]
         t_lead = leading_one_tree(m, t_m, f"{p}total_lead")
         t_top = Signal(signed(14), name=f"{p}total_top")
         m.d.comb += t_top.eq(t_x + t_lead)
@@ -460,7 +508,6 @@ class FpAccumulator:
         top = Signal(signed(14))
         m.d.comb += top.eq(Mux(p_leads, p_top, t_top))
         base = Signal(signed(14))                      # the field's last bit's exponent
-        m.d.comb += base.eq(top - (FIELD - 1))
         # Each operand's shift, FIELD - (exponent - base) = top + 1 - exponent, from either
         # top, so that the shifters need not wait for the comparison and then a subtraction.
         p_shift, t_shift = Signal(signed(14)), Signal(signed(14))
@@ -470,10 +517,17 @@ class FpAccumulator:
                      p_shift.eq(Mux(p_leads, p_own, p_under_t)),
                      t_shift.eq(Mux(p_leads, p_top + 1 - t_x, t_lead + 1))]
         live = cut({"product": product, "p_shift": p_shift, "t_m": t_m, "t_shift": t_shift,
-                    "product_sign": product_sign, "t_sign": t_sign, "base": base})
+                    "product_sign": product_sign, "t_sign": t_sign, "top": top})
+        m.d.comb += base.eq(live["top"] - (FIELD - 1))
+        product, t_m = live["product"], live["t_m"]
+        p_amount, p_out = self._alignment(live["p_shift"], len(product), f"{p}product")
+        t_amount, t_out = self._alignment(live["t_shift"], len(t_m), f"{p}total")
+        live = cut({"product": product, "p_amount": p_amount, "t_m": t_m, "t_amount": t_amount,
+                    "product_sign": live["product_sign"], "t_sign": live["t_sign"],
+                    "base": base})
         product_sign, t_sign, base = live["product_sign"], live["t_sign"], live["base"]
-        p_value, p_lost = self._aligned(live["product"], live["p_shift"], f"{p}product")
-        t_value, t_lost = self._aligned(live["t_m"], live["t_shift"], f"{p}total")
+        p_value, p_lost = self._aligned(live["product"], live["p_amount"], p_out)
+        t_value, t_lost = self._aligned(live["t_m"], live["t_amount"], t_out)
         live = cut({"p_value": p_value, "p_lost": p_lost, "t_value": t_value, "t_lost": t_lost,
                     "product_sign": product_sign, "t_sign": t_sign, "base": base})
         p_value, p_lost, t_value, t_lost = (live["p_value"], live["p_lost"], live["t_value"],
@@ -489,15 +543,16 @@ class FpAccumulator:
         m.d.comb += combined.eq(_add_with_carry(Mux(mixed & product_sign, ~p_wide, p_wide),
                                                 Mux(mixed & t_sign, ~t_wide, t_wide), mixed))
         result_sign = Signal()                         # raw < 0
-        m.d.comb += result_sign.eq(Mux(mixed, combined < 0, product_sign & (combined != 0)))
         # At most the smaller operand lost bits: the exact sum lies within one field unit of
         # raw, on that operand's side.
         lost = p_lost | t_lost
         lost_negative = Mux(p_lost, product_sign, t_sign)
-        live = cut({"combined": combined, "result_sign": result_sign, "lost": lost,
+        # The sum's sign (a test of all its bits) waits for the stage after the adder's.
+        live = cut({"combined": combined, "product_sign": product_sign, "lost": lost,
                     "lost_negative": lost_negative, "mixed": mixed, "base": base})
-        combined, result_sign, lost = live["combined"], live["result_sign"], live["lost"]
-        mixed, base = live["mixed"], live["base"]
+        combined, lost, mixed, base = live["combined"], live["lost"], live["mixed"], live["base"]
+        m.d.comb += result_sign.eq(Mux(mixed, combined < 0,
+                                       live["product_sign"] & (combined != 0)))
         # |raw| less one where the lost bits lie on the other side of zero; for raw < 0 (only
         # with different signs), -raw - 1 is ~raw: one carry chain after the sum's.
         # Both candidates of each side are ready before toward_zero (which waits for the sign).
@@ -536,12 +591,15 @@ class FpAccumulator:
                      left.eq(Mux(floored, -floor, 23 - lead))]
         live = cut({"exact": exact, "lost": lost, "result_sign": result_sign, "kept_x": kept_x,
                     "amount": amount, "left": left, "leftward": drop[-1]})
+        # The mask of the bits to drop (the guard bit and those below it), decoded from the
+        # amount in a stage of its own.
+        dropped = _low_mask(live["amount"], width)
+        live = cut({**live, "dropped": dropped})
         exact, lost, result_sign, kept_x = (live["exact"], live["lost"], live["result_sign"],
                                             live["kept_x"])
-        amount, left = live["amount"], live["left"]
+        amount, left, dropped = live["amount"], live["left"], live["dropped"]
         kept = Signal(width)
         m.d.comb += kept.eq(Mux(live["leftward"], exact << left, exact >> amount))
-        dropped = _low_mask(amount, width)             # the guard bit and those below it
         guard = Signal()
         rest = Signal()
         m.d.comb += [guard.eq((exact & dropped & ~(dropped >> 1)) != 0),
@@ -552,6 +610,8 @@ class FpAccumulator:
                                                   live["kept_x"], live["result_sign"])
         rounded = Signal(26)
         m.d.comb += rounded.eq(kept + (guard & (rest | kept[0])))
+        live = cut({"rounded": rounded, "kept_x": kept_x, "result_sign": result_sign})
+        rounded, kept_x, result_sign = live["rounded"], live["kept_x"], live["result_sign"]
         carry = rounded[24]
         q = Signal(24)
         m.d.comb += q.eq(Mux(carry, rounded >> 1, rounded))
@@ -626,7 +686,9 @@ class FpDot(ConfiguredComponent):
         slot_ok = beat.slot < S                        # else the beat is taken and dropped
         gap = golden.DOT_SLOT_GAP
         wait = Array(Signal(range(gap), name=f"slot{s}_wait") for s in range(S))
-        m.d.comb += self.inp.ready.eq(advance & (~slot_ok | (wait[beat.slot] == 0)))
+        # wait == 0 kept in a flip-flop of its own, so that ready reads one bit per slot.
+        idle = Array(Signal(init=1, name=f"slot{s}_idle") for s in range(S))
+        m.d.comb += self.inp.ready.eq(advance & (~slot_ok | idle[beat.slot]))
         take = self.inp.valid & self.inp.ready
         enter = take & slot_ok
 
@@ -647,9 +709,9 @@ class FpDot(ConfiguredComponent):
         with m.If(advance):
             for s in range(S):
                 with m.If(enter & (beat.slot == s)):
-                    m.d.sync += wait[s].eq(gap - 1)
+                    m.d.sync += [wait[s].eq(gap - 1), idle[s].eq(gap == 1)]
                 with m.Elif(wait[s] != 0):
-                    m.d.sync += wait[s].eq(wait[s] - 1)
+                    m.d.sync += [wait[s].eq(wait[s] - 1), idle[s].eq(wait[s] == 1)]
 
         # A stage's data registers have no reset: they are read only with the stage's valid
         # flag, which reset clears, and the stage's next beat overwrites them.
@@ -674,43 +736,50 @@ class FpDot(ConfiguredComponent):
                        zip(("sign", "m", "x", "top"), product))
                  for i, product in enumerate(products)]
 
-        # Stages 2 and 3: the beat's largest exponent B (at least -126), the maxima of groups
-        # of lanes first; stage 4: each product's shift to B; stage 5: each product aligned.
+        # Stages 2 to 4: the beat's largest exponent B (at least -126): in each group of lanes
+        # which is the largest (every pair compared), then it, then the groups' largest; stage
+        # 5: each product's shift to B; stage 6: each product aligned.
+        def group_cut(group):
+            return lambda values: [data(value, f"s2_group{group}_{k}")
+                                   for k, value in enumerate(values)]
+
         group_tops = [max_all_pairs(m, [top for *_, top in lanes[start:start + MAX_GROUP]],
-                                    f"group{start // MAX_GROUP}_top")
+                                    f"group{start // MAX_GROUP}_top",
+                                    group_cut(start // MAX_GROUP))
                       for start in range(0, len(lanes), MAX_GROUP)]
-        group_tops = [data(top, f"s2_group{i}_top") for i, top in enumerate(group_tops)]
-        lanes = [tuple(data(value, f"s2_p{i}_{key}") for key, value in
-                       zip(("sign", "m", "x"), lane[:3]))
-                 for i, lane in enumerate(lanes)]
-        beat_top = data(max_all_pairs(m, group_tops + [emin], "beat_top"), "s3_beat_top")
-        lanes = [tuple(data(value, f"s3_p{i}_{key}") for key, value in
+        group_tops = [data(top, f"s3_group{i}_top") for i, top in enumerate(group_tops)]
+        for stage in ("s2", "s3"):
+            lanes = [tuple(data(value, f"{stage}_p{i}_{key}") for key, value in
+                           zip(("sign", "m", "x"), lane[:3]))
+                     for i, lane in enumerate(lanes)]
+        beat_top = data(max_all_pairs(m, group_tops + [emin], "beat_top"), "s4_beat_top")
+        lanes = [tuple(data(value, f"s4_p{i}_{key}") for key, value in
                        zip(("sign", "m", "x"), lane))
                  for i, lane in enumerate(lanes)]
 
         def lane_cut(i):
-            return lambda values: {key: data(value, f"s4_p{i}_{key}")
+            return lambda values: {key: data(value, f"s5_p{i}_{key}")
                                    for key, value in values.items()}
 
-        aligned = [(data(data(sign, f"s4_p{i}_sign"), f"s5_p{i}_sign"),
-                    data(acc.aligned_product(magnitude, exponent, beat_top, f"s3_p{i}",
-                                             lane_cut(i))[:W], f"s5_p{i}_aligned"))
+        aligned = [(data(data(sign, f"s5_p{i}_sign"), f"s6_p{i}_sign"),
+                    data(acc.aligned_product(magnitude, exponent, beat_top, f"s4_p{i}",
+                                             lane_cut(i))[:W], f"s6_p{i}_aligned"))
                    for i, (sign, magnitude, exponent) in enumerate(lanes)]
-        top5 = pipe.delay(beat_top, 2, "s5_beat_top", reset_less=True)
+        top6 = pipe.delay(beat_top, 2, "s6_beat_top", reset_less=True)
 
-        # Stages 6 to 9: the beat's sums for every further right shift d the partial sum may
+        # Stages 7 to 10: the beat's sums for every further right shift d the partial sum may
         # force (the loop), so that it selects one instead of shifting and adding g terms:
         # the bit columns' counts per group of lanes, in all, then their suffix sums over two
         # stages.
-        sums_cuts = iter(("s6", "s7", "s8"))
+        sums_cuts = iter(("s7", "s8", "s9"))
 
         def sums_cut(values):
             stage = next(sums_cuts)
             return [data(value, f"{stage}_sum{j}") for j, value in enumerate(values)]
 
-        shifted_sums = [data(value, f"s9_sum{d}") for d, value in
+        shifted_sums = [data(value, f"s10_sum{d}") for d, value in
                         enumerate(_shifted_sums(m, aligned, W, acc.sum_width, sums_cut))]
-        top3 = pipe.delay(top5, 4, "s9_beat_top", reset_less=True)
+        top10 = pipe.delay(top6, 4, "s10_beat_top", reset_less=True)
 
         # From here a beat's control rides with its data through every register (cut).
         stages = _Stages(pipe, carry(control, "front", golden.DOT_FRONT_STAGES))
@@ -727,28 +796,24 @@ class FpDot(ConfiguredComponent):
         slot = stages.carried["slot"]
         held_m = Mux(fresh, 0, part_m[slot])
         held_e = Signal(signed(E), name="partial_held_e")
-        m.d.comb += held_e.eq(Mux(held_m == 0, golden.ACC_EMIN, part_e[slot]))
+        # A slot's partial sum is zero only at exponent -126 (reset, and _normalize's zero; a
+        # nonzero sum keeps its leading one): so no test of the mantissa read.
+        m.d.comb += held_e.eq(Mux(fresh, golden.ACC_EMIN, part_e[slot]))
         held_sign = Mux(fresh, 0, part_sign[slot])
         stages.drop("first")
         live = stages.cut({"held_m": held_m, "held_e": held_e, "held_sign": held_sign,
-                           "top": top3,
+                           "top": top10,
                            **{f"sum{d}": value for d, value in enumerate(shifted_sums)}})
-        held_m, held_e, held_sign, top3 = (live["held_m"], live["held_e"], live["held_sign"],
+        held_m, held_e, held_sign, top10 = (live["held_m"], live["held_e"], live["held_sign"],
                                            live["top"])
         shifted_sums = [live[f"sum{d}"] for d in range(W)]
         ahead = Signal(name="partial_ahead")
         gap_e = Signal(signed(E + 1), name="partial_gap")        # held_e - B
         behind = Signal(signed(E + 1), name="partial_behind")  # B - held_e, beside it
-        m.d.comb += [ahead.eq(held_e > top3), gap_e.eq(held_e - top3),
-                     behind.eq(top3 - held_e)]
-        live = stages.cut({"ahead": ahead, "gap": gap_e, "behind": behind, "held_m": held_m,
-                           "held_e": held_e, "held_sign": held_sign, "top": top3,
-                           **{f"sum{d}": value for d, value in enumerate(shifted_sums)}})
-        ahead, gap_e, behind = live["ahead"], live["gap"], live["behind"]
-        held_m, held_sign = live["held_m"], live["held_sign"]
-        shifted_sums = [live[f"sum{d}"] for d in range(W)]
+        m.d.comb += [ahead.eq(held_e > top10), gap_e.eq(held_e - top10),
+                     behind.eq(top10 - held_e)]
         largest = Signal(signed(E), name="largest")
-        m.d.comb += largest.eq(Mux(ahead, live["held_e"], live["top"]))
+        m.d.comb += largest.eq(Mux(ahead, held_e, top10))
         # Shifts clamped by their high bits, not by comparisons: the products' sums padded
         # with zeros to a power of two (a shift of W = F + 1 or more leaves none), the partial
         # sum's F + 1 bits cleared by any shift of 2**k - 1 >= F + 1: one clamp width for both.
@@ -758,15 +823,21 @@ class FpDot(ConfiguredComponent):
                                            gap_e[:pick_bits]), 0))
         zero = Const(0, signed(acc.sum_width))
         products_sum = Signal(signed(acc.sum_width), name="products_sum")
-        m.d.comb += products_sum.eq(Array(shifted_sums + [zero] * ((1 << pick_bits) - W))[pick])
         # The partial sum's term as FpAccumulator.held_term computes it for step(), in the
         # clock-rate form of this loop (shift from B - held_e beside the comparison).
         held_shift = Signal(pick_bits, name="partial_shift")
         m.d.comb += held_shift.eq(Mux(ahead, 0, Mux(behind[pick_bits:].any(),
                                                     (1 << pick_bits) - 1, behind[:pick_bits])))
-        live = stages.cut({"products_sum": products_sum, "held_m": held_m,
-                           "held_shift": held_shift, "held_sign": held_sign,
-                           "largest": largest})
+        # The shifts end a stage; the products' sum for the pick is selected in the next.
+        live = stages.cut({"pick": pick, "held_shift": held_shift, "largest": largest,
+                           "held_m": held_m, "held_sign": held_sign,
+                           **{f"sum{d}": value for d, value in enumerate(shifted_sums)}})
+        shifted_sums = [live[f"sum{d}"] for d in range(W)]
+        m.d.comb += products_sum.eq(Array(shifted_sums + [zero] * ((1 << pick_bits) - W))
+                                    [live["pick"]])
+        live = stages.cut({"products_sum": products_sum, "held_m": live["held_m"],
+                           "held_shift": live["held_shift"], "held_sign": live["held_sign"],
+                           "largest": live["largest"]})
         held_aligned = Signal(acc.sum_width, name="partial_aligned")
         m.d.comb += held_aligned.eq(live["held_m"] >> live["held_shift"])
         # Signed, in one adder: -x = ~x + 1, the 1 as a carry in.
@@ -785,14 +856,16 @@ class FpDot(ConfiguredComponent):
                          part_sign[c["slot"]].eq(c["negative"])]
         live = stages.cut({"m": new_m, "e": new_e})
 
-        # The partial sum times its scales (two registers: the product, its leading one).
+        # The partial sum times its scales (three registers: the products of the slices of
+        # the scales' mantissa, their sum, its leading one; the exponent of that one is added
+        # in the FP32 loop's first stage, beside the read).
         c = stages.carried
         scaled_at = stages.count
         scaled = acc._scaled(c["negative"], live["m"], live["e"],
                              (c["scales_bad"], c["scales_sign"], c["scales_m"], c["scales_x"]),
-                             stages.cut)
+                             stages.cut, slice_bits=DSP_OPERAND_BITS)
         stages.drop("scales_sign", "scales_m", "scales_x")
-        live = stages.cut(dict(zip(("sign", "m", "x", "top"), scaled)))
+        live = dict(zip(("sign", "m", "x", "top"), scaled))
         assert stages.count - scaled_at == golden.DOT_SCALE_STAGES
 
         # The FP32 loop (step 5 and the specials), golden.fp.DOT_TOTAL_STAGES cycles from

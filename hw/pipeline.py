@@ -79,22 +79,28 @@ def max_tree(m, values, name):
     return values[0]
 
 
-def max_all_pairs(m, values, name):
+def max_all_pairs(m, values, name, cut=None):
     """The largest of ``values`` (one shape) with every pair compared side by side, then the
     winner selected (of equal values the first): one level of comparators where
     :func:`max_tree` chains ceil(log2 n) compare-and-select levels, for n(n-1) of them (each
     ordered pair; one per pair would do, the other its complement)
-    (clock rate: ``fp_dot``'s largest product exponents, a front stage's critical path)."""
+    (clock rate: ``fp_dot``'s largest product exponents, a front stage's critical path).
+    ``cut``: a pipeline's register between the comparisons and the select (a list in: each
+    value's wins flag, then the values; the list registered out), or none."""
     if len(values) == 1:
-        return values[0]
+        return values[0] if cut is None else cut([values[0]])[0]
     shape = Value.cast(values[0]).shape()
-    picked = []
+    flags = []
     for i, value in enumerate(values):
         # Against a value before it a tie loses, so exactly one value wins.
         wins = Signal(name=f"{name}_wins{i}")
         m.d.comb += wins.eq(Cat(*(value > other if j < i else value >= other
                                   for j, other in enumerate(values) if j != i)).all())
-        picked.append(Mux(wins, Value.cast(value).as_unsigned(), 0))
+        flags.append(wins)
+    if cut is not None:
+        registered = cut(flags + list(values))
+        flags, values = registered[:len(flags)], registered[len(flags):]
+    picked = [Mux(wins, Value.cast(value).as_unsigned(), 0) for wins, value in zip(flags, values)]
     largest = Signal(shape, name=name)
     m.d.comb += largest.eq(or_tree(picked))
     return largest
