@@ -29,9 +29,9 @@ The pipeline (``golden.fp.DOT_LATENCY`` registers; docs/blocks/fp.md, Timing): t
 exponent, (3) that exponent; (4) the beat's own largest exponent B (at least -126); (5) each
 product's shift to it; (6) each product aligned to B, in F + 1 bits (B is at least each
 product's leading-bit exponent); (7) the bit columns' counts per group of lanes, (8) in all,
-and from them (9, 10), for every further shift d = 0..F, the beat's sum with each term shifted right by d and truncated (a
-product aligned to E = max(B, partial sum's) is its B-aligned value shifted by E - B, since
-floor(floor(x) / 2**d) = floor(x / 2**d)). Then the partial-sum loop over
+and from them (9, 10), for every further shift d = 0..F, the beat's sum with each term
+shifted right by d and truncated (a product aligned to E = max(B, partial sum's) is its
+B-aligned value shifted by E - B, since floor(floor(x) / 2**d) = floor(x / 2**d)). Then the partial-sum loop over
 ``golden.fp.DOT_PARTIAL_STAGES`` cycles (steps 2 to 4: read the slot's partial sum; compare
 its exponent with B, and d = E - B; pick the sum for d (none past F: zero); add the aligned
 partial sum; its magnitude; its leading one; how far to shift it; shift it to F + 1 bits;
@@ -41,9 +41,9 @@ saturate and write it back), the partial sum times its scales over
 them; align; add; the sum's sign and magnitude; its leading one; the bits to drop; their mask;
 the bits kept and the rounding bits; round; its code, written back) into the output register.
 Each stage holds a few LUT levels (issue 20's 100 MHz on ECP5): a wide shift, a leading-one
-search or a long carry chain, each with little before or after it. The registers past the front are placed by the ``cut`` argument of ``FpAccumulator``'s steps
-(``_normalize``, ``_scaled``, ``_add_round``; in front, ``aligned_product``), which ``step``
-calls with none.
+search or a long carry chain, each with little before or after it. The registers past the
+front are placed by the ``cut`` argument of ``FpAccumulator``'s steps (``_normalize``,
+``_scaled``, ``_add_round``; in front, ``aligned_product``), which ``step`` calls with none.
 """
 
 import dataclasses
