@@ -38,7 +38,7 @@ from golden import router as golden_router
 from hw.fparith import fp_add, fp_fields, fp_multiply, fp_scale_cast
 from hw.params import (ConfiguredComponent, TieredComponent, choice_param, int_param,
                        like_param, param_error, validate)
-from hw.pipeline import RegisterSlice, StallPipe, or_tree, requant, select
+from hw.pipeline import RegisteredHeadFIFO, RegisterSlice, StallPipe, or_tree, requant, select
 from hw.registry import Block, register
 from hw.nop import NopConfig, NopTree, down_layout, up_layout
 from hw.pmu import PMU, PMUConfig, ScratchpadBanks, banks_signature
@@ -51,6 +51,7 @@ __all__ = ["MoEGateConfig", "MoEGate", "ExpertChipletConfig", "ExpertChiplet", "
 SHIFT_RANGE = 48
 INT_ACT_BITS = 10   # expert_chiplet: the widest integer element (a 2**in_width activation table)
 UNIT_SCALE, NAN_SCALE = golden.UNIT_SCALE, golden.NAN_SCALE     # E8M0 codes: 1, NaN
+LUT_RAM_ENTRIES = 256           # expert_chiplet: an activation table this deep or less is LUT RAM
 PLAN_DEPTH = golden.PLAN_DEPTH   # expert_chiplet: tile phases planned (weight jobs queued) ahead
 
 
@@ -835,8 +836,14 @@ class ExpertChiplet(TieredComponent):
 
         # --- activation table: 2**in_width signed entries, zero at start-up, kept through reset
         # (floating point: indexed by a code's top act_index_bits, golden.moe_layer.activation)
-        lut = m.submodules.act_table = Memory(shape=_element(cfg, iw),
-                                              depth=1 << cfg.act_index_bits, init=[])
+        # A table of up to 256 entries is LUT RAM, its registered read a fabric flip-flop
+        # (clock rate: a block RAM's read, 5.8 ns from its clock on an ECP5, fed the DSP of
+        # the activation times u, 3.5 ns of setup, in one cycle); a larger one (BF16's 4,096)
+        # stays block RAM.
+        depth = 1 << cfg.act_index_bits
+        lut = m.submodules.act_table = Memory(
+            shape=_element(cfg, iw), depth=depth, init=[],
+            attrs={"ram_style": "distributed"} if depth <= LUT_RAM_ENTRIES else None)
         lut_write = lut.write_port()
         m.d.comb += [self.act_lut.ready.eq(1), lut_write.en.eq(self.act_lut.valid),
                      lut_write.addr.eq(self.act_lut.payload.index),
@@ -917,10 +924,10 @@ class ExpertChiplet(TieredComponent):
         # held tokens chose but whose weights are not in yet may be loaded (the planner waits
         # for it). That is double buffering: one slot loads while another one computes.
         slot_index = Signal(range(TT))                 # the token slot the collector fills
-        referenced = Signal(S)                         # a held token chose the slot
-        m.d.comb += referenced.eq(Cat(*[
-            Cat(*[members_len[b][s] != 0 for b in range(NB)]).any() |
-            (in_packet & chosen[s]) for s in range(S)]))
+        # A held token chose the slot: a register, loaded with its next value (below; clock
+        # rate: the member counts' compares with 0 began the path through the load and
+        # assignment decisions and the header match into the member registers).
+        referenced = Signal(S)
         loading, discarding = Signal(), Signal()
         load_slot = Signal(range(S))
         load_beat = Signal(range(shape.expert_beats))
@@ -1006,8 +1013,11 @@ class ExpertChiplet(TieredComponent):
         # tree above keeps dispatching to the other chiplets.
         down = stream.Signature(self.down.payload.shape()).flip().create(path=("inbox",))
         if cfg.queue_flits:
-            queue = m.submodules.queue = SyncFIFO(width=len(self.down.payload.as_value()),
-                                                  depth=cfg.queue_flits)
+            # Its head is a register (SyncFIFO's timing): a header flit's entries are matched
+            # with the slots' tags in the cycle they are taken (clock rate: a LUT-RAM read
+            # in front of that match, on the path into the member registers).
+            queue = m.submodules.queue = RegisteredHeadFIFO(
+                width=len(self.down.payload.as_value()), depth=cfg.queue_flits)
             m.d.comb += [queue.w_en.eq(self.down.valid), queue.w_data.eq(self.down.payload),
                          self.down.ready.eq(queue.w_rdy), down.valid.eq(queue.r_rdy),
                          down.payload.eq(queue.r_data), queue.r_en.eq(down.ready)]
@@ -1117,7 +1127,9 @@ class ExpertChiplet(TieredComponent):
             "token": data.ArrayLayout(range(TT), R),
             "gate": data.ArrayLayout(cfg.gate_width, R),
             **({"slot": range(S)} if floating else {})})  # (its weight blocks' scales)
-        plan = m.submodules.plan = SyncFIFO(width=phase_layout.size, depth=PLAN_DEPTH)
+        # The plan's head is a register (SyncFIFO's timing): its fields select each tile row's
+        # token and activations (clock rate: a LUT-RAM read in front of those selects).
+        plan = m.submodules.plan = RegisteredHeadFIFO(width=phase_layout.size, depth=PLAN_DEPTH)
         jobs = m.submodules.jobs = SyncFIFO(width=phase_layout.size, depth=PLAN_DEPTH)
 
         # Tiles given to the tile whose last result row is not written yet: all of them, and
@@ -1168,7 +1180,7 @@ class ExpertChiplet(TieredComponent):
         pushed = Signal(phase_layout)
         m.d.comb += [plan.w_en.eq(push), plan.w_data.eq(pushed.as_value()),
                      jobs.w_en.eq(push), jobs.w_data.eq(pushed.as_value())]
-        room = plan.w_rdy & jobs.w_rdy & ~(phase_in_slice & (plan.w_level == PLAN_DEPTH - 1))
+        room = plan.w_rdy & jobs.w_rdy & ~(phase_in_slice & (plan.r_level == PLAN_DEPTH - 1))
         done_slot = group >= slot_len
         down_of_held = Signal(phase_layout)
         m.d.comb += [down_of_held.eq(held), down_of_held.down.eq(1)]
@@ -1327,6 +1339,15 @@ class ExpertChiplet(TieredComponent):
         lut_reads = [lut.read_port(domain="comb") for _ in range(C)]
         row_gate1 = select(row1, list(head1.gate))
         row_token3 = select(row3, list(head3.token))
+        # A down row's sum enables, decoded from stage 2 into registers of stage 3 (one bit per
+        # token slot and per chunk; clock rate: the token select and its compare with every
+        # slot fanned out into the enables of all the sums in the cycle they are written).
+        sum_row2 = v2 & (head2.kind == 2) & (row2 < head2.rows)
+        row_token2 = select(row2, list(head2.token))
+        sum_token3 = Signal(TT, name="sum_token3")
+        sum_chunk3 = Signal(cD, name="sum_chunk3")
+        m.d.sync += [sum_token3.eq(Cat(*[sum_row2 & (row_token2 == t) for t in range(TT)])),
+                     sum_chunk3.eq(Cat(*[head2.chunk == cc for cc in range(cD)]))]
         weighted_shape = unsigned(32) if floating else signed(product_bits)
         for j in range(C):
             # stage 2: the codes and the gate-weighted product of the row's value (floating
@@ -1401,8 +1422,7 @@ class ExpertChiplet(TieredComponent):
                 for cc in range(cD):
                     d = cc * C + j
                     if d < D:
-                        with m.If(v3 & (head3.kind == 2) & (row3 < head3.rows) &
-                                  (row_token3 == t) & (head3.chunk == cc)):
+                        with m.If(sum_token3[t] & sum_chunk3[cc]):
                             m.d.sync += sums[t][d].eq(new_sum if floating
                                                       else sums[t][d] + weighted3)
 
@@ -1424,6 +1444,15 @@ class ExpertChiplet(TieredComponent):
         emit_flit = Signal(range(H + X))
         out_last = emit_flit == H + X - 1
         emit_end = Signal()
+        # `referenced` after this edge: a bank's member counts grow at a packet's end and are
+        # cleared when the bank's last return leaves; the packet's choices count while it is
+        # collected (after its last flit, through the counts).
+        packet_continues = (in_packet | taken) & ~packet_end
+        m.d.sync += referenced.eq(Cat(*[
+            Cat(*[~(emit_end & (e_bank == b)) &
+                  ((members_len[b][s] != 0) | (packet_end & (c_bank == b) & current_chosen[s]))
+                  for b in range(NB)]).any() |
+            (packet_continues & Mux(taken, current_chosen[s], chosen[s])) for s in range(S)]))
         e_count = select(e_bank, bank_count)
         e_next = Mux(emit_end, next_bank(e_bank), e_bank)  # (the one emitting is done)
         e_computed = select(e_next, [st == COMPUTED for st in bank_state]) & \
