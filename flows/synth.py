@@ -23,6 +23,7 @@ from pathlib import Path
 
 from flows import toolchain
 from flows.verilog import config_key, generate, write_if_changed
+from hw.pipeline import LUT_RAM_MARK
 
 __all__ = ["TARGETS", "synthesize", "synthesize_files", "summarize", "prepare", "SynthError"]
 
@@ -91,6 +92,11 @@ CLASSIC_MAPPER = "abc (abc9 hit a Yosys assertion)"
 # the ECP5 flow skips that proof of ABC's own work; the mapping is the same with or without it
 # (tests/test_flows.py::test_skipping_abc9_s_proof_maps_the_same).
 SKIP_ABC9_PROOF = "scratchpad -set abc9.verify false"
+# A memory hw/ marks with hw.pipeline.LUT_RAM_MARK (expert_chiplet's activation table) is LUT
+# RAM on ECP5, where Yosys would pick block RAM by its depth: a DP16KD's read leaves 5.8 ns
+# after the clock. Applied by the ECP5 flow only (iCE40 has no LUT RAM, and Yosys refuses
+# `ram_style` "distributed" there), and not with --no-ram.
+LUT_RAM_HINT = f'setattr -set ram_style "distributed" a:{LUT_RAM_MARK}'
 CLASSIC_ECP5 = ("synth_ecp5 -top {top}{noram} -run :map_luts; "
                 "techmap -map +/lattice/latches_map.v; abc -lut 4:7; clean; "
                 "synth_ecp5 -top {top}{noram} -run map_cells:")
@@ -114,6 +120,7 @@ def synthesize_files(paths, top, target, out_dir, stem, flatten=True, abc=True, 
     noram = "" if ram else NO_RAM[target]
     script = ("".join(f"read_verilog {Path(p).name}; " for p in paths)
               + (f"{HIDE_BIT_NAMES}; " if target == "ecp5" else "")
+              + (f"{LUT_RAM_HINT}; " if target == "ecp5" and ram else "")
               + (f"{SKIP_ABC9_PROOF}; " if target == "ecp5" and not abc else "")
               + TARGETS[target].format(top=top, flatten=" -flatten" if flatten else "",
                                        noabc="" if abc else " -noabc", noram=noram)

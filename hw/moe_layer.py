@@ -38,7 +38,8 @@ from golden import router as golden_router
 from hw.fparith import fp_add, fp_fields, fp_multiply, fp_scale_cast
 from hw.params import (ConfiguredComponent, TieredComponent, choice_param, int_param,
                        like_param, param_error, validate)
-from hw.pipeline import RegisteredHeadFIFO, RegisterSlice, StallPipe, or_tree, requant, select
+from hw.pipeline import (LUT_RAM_MARK, RegisteredHeadFIFO, RegisterSlice, StallPipe, or_tree,
+                         requant, select)
 from hw.registry import Block, register
 from hw.nop import NopConfig, NopTree, down_layout, up_layout
 from hw.pmu import PMU, PMUConfig, ScratchpadBanks, banks_signature
@@ -836,14 +837,15 @@ class ExpertChiplet(TieredComponent):
 
         # --- activation table: 2**in_width signed entries, zero at start-up, kept through reset
         # (floating point: indexed by a code's top act_index_bits, golden.moe_layer.activation)
-        # A table of up to 256 entries is LUT RAM, its registered read a fabric flip-flop
-        # (clock rate: a block RAM's read, 5.8 ns from its clock on an ECP5, fed the DSP of
-        # the activation times u, 3.5 ns of setup, in one cycle); a larger one (BF16's 4,096)
-        # stays block RAM.
+        # A table of up to 256 entries is marked for LUT RAM on ECP5 (hw.pipeline.LUT_RAM_MARK),
+        # its registered read a fabric flip-flop (clock rate: a block RAM's read, 5.8 ns from
+        # its clock, fed the DSP of the activation times u, 3.5 ns of setup, in one cycle); a
+        # larger one (BF16's 4,096) stays block RAM. A mark, not `ram_style` itself, which
+        # Yosys refuses on iCE40 (no LUT RAM there) and a user's own flow may not want.
         depth = 1 << cfg.act_index_bits
         lut = m.submodules.act_table = Memory(
             shape=_element(cfg, iw), depth=depth, init=[],
-            attrs={"ram_style": "distributed"} if depth <= LUT_RAM_ENTRIES else None)
+            attrs={LUT_RAM_MARK: 1} if depth <= LUT_RAM_ENTRIES else None)
         lut_write = lut.write_port()
         m.d.comb += [self.act_lut.ready.eq(1), lut_write.en.eq(self.act_lut.valid),
                      lut_write.addr.eq(self.act_lut.payload.index),

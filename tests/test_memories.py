@@ -17,9 +17,10 @@ from amaranth.lib.wiring import In, Out
 from conftest import run_block
 from flows.cli import main
 from flows.sim import SimFailure, run_tests
-from flows.synth import synthesize
+from flows.synth import summarize, synthesize, synthesize_files
 from flows.sram import SramPlatform, macro_models
 from flows.verilog import convert, generate
+from hw.pipeline import LUT_RAM_MARK
 from hw.registry import get_block
 
 
@@ -167,3 +168,39 @@ def test_the_macro_models_are_amaranths_memories_cycle_for_cycle(tmp_path, trans
     if transparent:
         broken = models.replace("if (w_en[0] && w_addr == r0_addr)", "if (1'b0)")
         assert broken != models and not proven(broken)
+
+
+class _TableMemory(wiring.Component):
+    """A 256 x 8 table read synchronously (the shape of expert_chiplet's activation table),
+    marked with hw.pipeline.LUT_RAM_MARK or not."""
+
+    def __init__(self, marked):
+        self.marked = marked
+        super().__init__({"w_en": In(1), "w_addr": In(8), "w_data": In(8), "r_addr": In(8),
+                          "r_data": Out(8)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.mem = mem = Memory(shape=8, depth=256, init=[],
+                                        attrs={LUT_RAM_MARK: 1} if self.marked else None)
+        write, read = mem.write_port(), mem.read_port()
+        m.d.comb += [write.en.eq(self.w_en), write.addr.eq(self.w_addr),
+                     write.data.eq(self.w_data), read.addr.eq(self.r_addr),
+                     self.r_data.eq(read.data)]
+        return m
+
+
+def test_a_marked_memory_is_lut_ram_on_ecp5_only(tmp_path):
+    """The mark makes a 256-word table LUT RAM on ECP5 (Yosys picks a DP16KD for the same
+    table unmarked, and with --no-ram flip-flops); iCE40, without LUT RAM, keeps its block
+    RAM instead of refusing the design."""
+    def cells(marked, target, ram=True):
+        stem = f"table{int(marked)}"
+        (tmp_path / f"{stem}.v").write_text(convert(_TableMemory(marked), stem))
+        return summarize(synthesize_files([tmp_path / f"{stem}.v"], stem, target, tmp_path,
+                                          stem, ram=ram))
+    marked, plain = cells(True, "ecp5"), cells(False, "ecp5")
+    assert marked["block_rams"] == 0 and marked["lut_rams"] == 32
+    assert plain["block_rams"] == 1 and plain["lut_rams"] == 0
+    assert cells(True, "ecp5", ram=False)["lut_rams"] == 0
+    assert cells(True, "ice40")["block_rams"] == 1
