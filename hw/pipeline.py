@@ -12,9 +12,9 @@ from golden.fixed import signed_limits
 
 __all__ = ["StallPipe", "OutputQueue", "OutputRegister", "SkidSlice", "RegisterSlice",
            "RegisteredHeadFIFO", "OUT_FIFO_DEPTH", "LUT_RAM_MARK", "lanes_layout", "saturate",
-           "select", "or_tree",
-           "sum_tree", "max_tree", "max_all_pairs", "thermometer_max", "thermometer_value",
-           "leading_one", "leading_one_tree", "requant", "requant_shift", "requant_round"]
+           "select", "or_tree", "sum_tree", "max_tree", "max_all_pairs", "thermometer_max",
+           "thermometer_value", "leading_one", "leading_one_tree", "requant", "requant_shift",
+           "requant_round"]
 
 # Depth of an output queue. Two entries suffice for full throughput: a pipeline writes at most
 # one beat per cycle and a ready consumer reads one per cycle, so the level never exceeds one.
@@ -25,6 +25,7 @@ OUT_FIFO_DEPTH = 2
 # (flows.synth.LUT_RAM_HINT) where Yosys would pick block RAM by its depth, for the clock rate
 # (a DP16KD's read leaves it 5.8 ns after the clock). moegen's own: other tools ignore it.
 LUT_RAM_MARK = "moegen_lut_ram"
+
 
 def lanes_layout(count, width, *, is_signed=True):
     """Stream payload of ``count`` lanes of ``width`` bits plus a ``last`` flag.
