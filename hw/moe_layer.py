@@ -54,6 +54,10 @@ INT_ACT_BITS = 10   # expert_chiplet: the widest integer element (a 2**in_width 
 UNIT_SCALE, NAN_SCALE = golden.UNIT_SCALE, golden.NAN_SCALE     # E8M0 codes: 1, NaN
 LUT_RAM_ENTRIES = 256           # expert_chiplet: an activation table this deep or less is LUT RAM
 PLAN_DEPTH = golden.PLAN_DEPTH   # expert_chiplet: tile phases planned (weight jobs queued) ahead
+# expert_chiplet: the integer gate-weighted product is two products, of the row value's low
+# WEIGHTED_SPLIT bits (unsigned, an 18-bit signed operand: one ECP5 MULT18X18D) and of the
+# rest, added a stage later (clock rate: one wide product and its adder chain in one cycle).
+WEIGHTED_SPLIT = 17
 
 
 class PacketShape:
@@ -1045,6 +1049,14 @@ class ExpertChiplet(TieredComponent):
         m.d.comb += current_chosen.eq(
             hits | Mux(first, 0, chosen))
         packet_end = taken & down.payload.last
+        # A slot's sums are cleared at the edge after its packet's first flit, from a register
+        # (clock rate: the slot compare fanned out into every sum's clear); nothing adds to
+        # them until its batch is computed, after the packet's last flit.
+        clear_sums = Signal(TT)
+        m.d.sync += clear_sums.eq(Cat(*[taken & first & (slot_index == t) for t in range(TT)]))
+        for t in range(TT):
+            with m.If(clear_sums[t]):
+                m.d.sync += [v.eq(0) for v in sums[t]]
         with m.If(taken):
             m.d.sync += [flit.eq(Mux(flit == H + X, flit, flit + 1)), in_packet.eq(1),
                          idle.eq(0)]
@@ -1058,7 +1070,7 @@ class ExpertChiplet(TieredComponent):
                 with m.If(slot_index == t):
                     with m.If(first):
                         m.d.sync += [tok_id[t].eq(down.payload.token),
-                                     *[v.eq(0) for v in x[t]], *[v.eq(0) for v in sums[t]]]
+                                     *[v.eq(0) for v in x[t]]]
                     for b in range(X):
                         with m.If(flit == H + b):
                             for lane in range(L):
@@ -1351,13 +1363,31 @@ class ExpertChiplet(TieredComponent):
         m.d.sync += [sum_token3.eq(Cat(*[sum_row2 & (row_token2 == t) for t in range(TT)])),
                      sum_chunk3.eq(Cat(*[head2.chunk == cc for cc in range(cD)]))]
         weighted_shape = unsigned(32) if floating else signed(product_bits)
+        split = not floating and len(c.payload.data[0]) > WEIGHTED_SPLIT
+
+        def integer_weighted(j):
+            """Stage 2's registers of column j's integer gate-weighted product, and the product
+            they give to stage 3 (split: its two parts added there)."""
+            gate = Cat(row_gate1, Const(0, 1)).as_signed()
+            if not split:
+                product = Signal(weighted_shape, name=f"weighted2_{j}", reset_less=True)
+                m.d.sync += product.eq(value1[j] * gate)
+                return product
+            low = Signal(signed(WEIGHTED_SPLIT + 1 + len(gate)), name=f"weighted_low2_{j}",
+                         reset_less=True)
+            high = Signal(signed(len(value1[j]) - WEIGHTED_SPLIT + len(gate)),
+                          name=f"weighted_high2_{j}", reset_less=True)
+            m.d.sync += [low.eq(value1[j][:WEIGHTED_SPLIT] * gate),
+                         high.eq(value1[j][WEIGHTED_SPLIT:].as_signed() * gate)]
+            return (high << WEIGHTED_SPLIT) + low
+
         for j in range(C):
             # stage 2: the codes and the gate-weighted product of the row's value (floating
             # point: an FP32 code cast to dtype times 2**-shift, and times gate * 2**-gate_shift)
             g_code2 = Signal(signed(iw), name=f"g_code2_{j}", reset_less=True)
             u_code2 = Signal(signed(iw), name=f"u_code2_{j}", reset_less=True)
-            weighted2 = Signal(weighted_shape, name=f"weighted2_{j}", reset_less=True)
             if floating:
+                weighted2 = Signal(weighted_shape, name=f"weighted2_{j}", reset_less=True)
                 value = value1[j].as_unsigned()
                 m.d.sync += [
                     g_code2.eq(fp_scale_cast(m, value, fp32, code_fmt, cfg.shift_g,
@@ -1369,8 +1399,8 @@ class ExpertChiplet(TieredComponent):
             else:
                 m.d.sync += [
                     g_code2.eq(requant(m, value1[j], cfg.shift_g, iw, f"g_code_{j}")),
-                    u_code2.eq(requant(m, value1[j], cfg.shift_u, iw, f"u_code_{j}")),
-                    weighted2.eq(value1[j] * Cat(row_gate1, Const(0, 1)).as_signed())]
+                    u_code2.eq(requant(m, value1[j], cfg.shift_u, iw, f"u_code_{j}"))]
+                weighted2 = integer_weighted(j)
             # stage 3: the activation of the gate code, and the activation times up
             # (a BF16 code: its top act_index_bits; the read and act3 map to a block RAM)
             m.d.comb += lut_reads[j].addr.eq(g_code2.as_unsigned()[iw - cfg.act_index_bits:])
