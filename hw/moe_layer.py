@@ -1006,8 +1006,14 @@ class ExpertChiplet(TieredComponent):
         # starts picks among the results last (clock rate: that decision comes late, from the
         # slots' member counts, and picking the tag before the compare put the compare after it
         # on the path into the member registers).
-        assigned_here = [assign_fire & (a_slot == s) for s in range(S)]
-        loaded_here = [load_start & (w_slot == s) for s in range(S)]
+        # Per slot, each a flat AND of early terms, the same as `assign_fire & (a_slot == s)`
+        # and `load_start & (w_slot == s)` (clock rate: through the selects of `referenced` by
+        # w_slot and a_slot, the chain in front of the header match was 13 levels deep).
+        load_valid_at = [wload.valid & ~loading & ~discarding & ~in_reset & (w_slot == s) &
+                         ~(referenced[s] & loaded[s]) for s in range(S)]
+        loaded_here = [load_valid_at[s] & pmu.wjob.ready for s in range(S)]
+        assigned_here = [assign.valid & (a_slot == s) & ~referenced[s] & ~in_reset &
+                         ~(loading & (load_slot == s)) & ~load_valid_at[s] for s in range(S)]
 
         def matches(s, expert):
             return Mux(loaded_here[s], wload.payload.expert == expert,
