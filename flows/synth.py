@@ -25,7 +25,8 @@ from flows import toolchain
 from flows.verilog import config_key, generate, write_if_changed
 from hw.pipeline import LUT_RAM_MARK
 
-__all__ = ["TARGETS", "synthesize", "synthesize_files", "summarize", "prepare", "SynthError"]
+__all__ = ["TARGETS", "synthesize", "synthesize_files", "summarize", "prepare", "SynthError",
+           "multipliers"]
 
 TARGETS = {
     # Power-on values dropped first (after `proc`, which turns the Verilog initializers into
@@ -97,13 +98,52 @@ SKIP_ABC9_PROOF = "scratchpad -set abc9.verify false"
 # after the clock. Applied by the ECP5 flow only (iCE40 has no LUT RAM, and Yosys refuses
 # `ram_style` "distributed" there), and not with --no-ram.
 LUT_RAM_HINT = f'setattr -set ram_style "distributed" a:{LUT_RAM_MARK}'
+# Multipliers made of LUTs, for a device with too few DSPs (flows/pnr.py, fit_multipliers): the
+# design is flattened and its widths reduced as synth_ecp5 / synth_ice40 would before their DSP
+# mapping, so that each `$mul` has the name and operand widths that mapping sees; the named ones
+# are then built by `booth` (a Booth-encoded adder tree of LUTs and carry chains) and the
+# script goes on as always. `multipliers` lists them from the same commands, so the names agree.
+PREPARE_MULTIPLIERS = "hierarchy -top {top}; proc; flatten; opt_expr; opt_clean; wreduce; opt_clean"
 CLASSIC_ECP5 = ("synth_ecp5 -top {top}{noram} -run :map_luts; "
                 "techmap -map +/lattice/latches_map.v; abc -lut 4:7; clean; "
                 "synth_ecp5 -top {top}{noram} -run map_cells:")
 
 
+def _script_head(paths, target, ram, abc):
+    """The commands every script on ``paths`` starts with: read, hide bit names, hints."""
+    return ("".join(f"read_verilog {Path(p).name}; " for p in paths)
+            + (f"{HIDE_BIT_NAMES}; " if target == "ecp5" else "")
+            + (f"{LUT_RAM_HINT}; " if target == "ecp5" and ram else "")
+            + (f"{SKIP_ABC9_PROOF}; " if target == "ecp5" and not abc else ""))
+
+
+def multipliers(paths, top, target, out_dir, stem, ram=True):
+    """The multipliers of ``top`` (in Verilog ``paths``, run in ``out_dir``) as the target's DSP
+    mapping sees them: ``(name, a_width, b_width)`` for each ``$mul`` cell after
+    :data:`PREPARE_MULTIPLIERS`, the names those a ``lut_multipliers`` argument of
+    :func:`synthesize_files` takes."""
+    toolchain.activate()
+    out_dir = Path(out_dir)
+    dump = out_dir / f"{stem}.{target}.multipliers.txt"
+    log_path = out_dir / f"{stem}.{target}.multipliers.log"
+    script = (_script_head(paths, target, ram, True) + PREPARE_MULTIPLIERS.format(top=top)
+              + f"; tee -q -o {dump.name} dump t:$mul")
+    proc = subprocess.run([_yosys(), "-q", "-l", log_path.name, "-p", script],
+                          cwd=out_dir, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+        raise SynthError(f"yosys exited with status {proc.returncode} listing the multipliers "
+                         f"of {top}; log {log_path}:\n{tail}")
+    found = []
+    for cell in re.split(r"^\s*cell ", dump.read_text(), flags=re.MULTILINE)[1:]:
+        name = cell.split(None, 2)[1]       # after the type, `$mul`
+        widths = dict(re.findall(r"parameter \\([AB])_WIDTH (\d+)", cell))
+        found.append((name, int(widths["A"]), int(widths["B"])))
+    return found
+
+
 def synthesize_files(paths, top, target, out_dir, stem, flatten=True, abc=True, netlist=None,
-                     ram=True, notes=None):
+                     ram=True, notes=None, lut_multipliers=()):
     """Run Yosys on Verilog ``paths`` (in ``out_dir``) for module ``top``; returns the cell
     counts by type (over the whole hierarchy when ``flatten`` is False: the generic target
     then maps each module on its own; without ``abc`` it maps gates to LUTs one by one,
@@ -111,17 +151,20 @@ def synthesize_files(paths, top, target, out_dir, stem, flatten=True, abc=True, 
     ``netlist`` (a file name in ``out_dir``) also writes the mapped netlist as JSON for nextpnr;
     without ``ram`` every memory is mapped to flip-flops. On ECP5 a design that trips
     :data:`ABC9_ASSERTION` is mapped again by :data:`CLASSIC_ECP5`, and ``notes`` (a dict, if
-    given) gets ``mapper``: :data:`CLASSIC_MAPPER`. Raises :class:`SynthError` with the end of
-    the log."""
+    given) gets ``mapper``: :data:`CLASSIC_MAPPER`. ``lut_multipliers`` (names from
+    :func:`multipliers`) are built of LUTs instead of DSPs. Raises :class:`SynthError` with the
+    end of the log."""
     toolchain.activate()
     out_dir = Path(out_dir)
     stem = stem if ram else f"{stem}-noram"
     stat_path = out_dir / f"{stem}.{target}.stat.json"
     noram = "" if ram else NO_RAM[target]
-    script = ("".join(f"read_verilog {Path(p).name}; " for p in paths)
-              + (f"{HIDE_BIT_NAMES}; " if target == "ecp5" else "")
-              + (f"{LUT_RAM_HINT}; " if target == "ecp5" and ram else "")
-              + (f"{SKIP_ABC9_PROOF}; " if target == "ecp5" and not abc else "")
+    # `c:` selects a cell by its exact name (Yosys names hold `$`, `\` and `:`). `booth` takes
+    # multipliers of 4 x 4 bits and more; Yosys's default techmap makes gates of the rest.
+    named = " ".join(f"c:{name}" for name in lut_multipliers)
+    booth = (f"{PREPARE_MULTIPLIERS.format(top=top)}; booth {named}; techmap {named}; "
+             if lut_multipliers else "")
+    script = (_script_head(paths, target, ram, abc) + booth
               + TARGETS[target].format(top=top, flatten=" -flatten" if flatten else "",
                                        noabc="" if abc else " -noabc", noram=noram)
               + f"; tee -q -o {stat_path.name} stat -json"

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -123,15 +124,56 @@ def test_ice40_place_and_route_runs_the_block_inside_a_pin_harness(tmp_path):
         report["critical_path"]["to"].startswith("dut.")
 
 
+def test_multipliers_beyond_the_device_s_dsps_are_made_of_luts(tmp_path):
+    """A 3x3 array has 9 multipliers and an UP5K 8 DSPs: one multiplier is built of LUTs (the
+    first PE's, evenly spaced in name order), and the array places."""
+    from flows.pnr import pnr_block
+    block = get_block("systolic")
+    report = pnr_block(block, block.config(rows=3, cols=3), "ice40", out_dir=tmp_path)
+    assert (report["dsps"], report["multipliers"], report["lut_multipliers"]) == (8, 9, 1)
+    assert report["synthesis"]["dsps"] == 8 and 5 < report["fmax_mhz"] < 500
+    # A design that fits keeps every multiplier in a DSP and says nothing of it.
+    small = pnr_block(block, block.config(rows=2, cols=2), "ice40", out_dir=tmp_path / "2x2")
+    assert small["dsps"] == 4 and "lut_multipliers" not in small
+
+
 def test_a_design_that_does_not_fit_says_which_resources_overflow(tmp_path):
-    """A 3x3 array needs 9 multipliers; an UP5K has 8 DSPs: nextpnr cannot place it, and the
-    error names the resource and its use, not nextpnr's last log line."""
+    """A 5x5 array on an UP5K: with 17 of its 25 multipliers in LUTs it needs more logic cells
+    than the device has; the error names the resource and its use, not nextpnr's last log
+    line, and how many multipliers were moved."""
     from flows.pnr import pnr_block
     from flows.synth import SynthError
     block = get_block("systolic")
     with pytest.raises(SynthError) as error:
-        pnr_block(block, block.config(rows=3, cols=3), "ice40", out_dir=tmp_path)
-    assert str(error.value) == "does not fit the iCE40 UP5K: ICESTORM_DSP 9/8 (112%)"
+        pnr_block(block, block.config(rows=5, cols=5), "ice40", out_dir=tmp_path)
+    assert re.fullmatch(r"does not fit the iCE40 UP5K: ICESTORM_LC (\d+)/5280 \((\d+)%\) "
+                        r"\(with 17 of 25 multipliers in LUTs\)", str(error.value))
+
+
+def test_lut_multipliers_are_picked_smallest_first_and_spread(tmp_path):
+    """The pick trades the fewest LUTs for the DSPs needed (smallest products first) and spreads
+    equal ones over the design; multipliers of any width, booth's 4 x 4 minimum or not, leave
+    their DSPs."""
+    from flows.pnr import dsp_cost, pick_lut_multipliers
+    from flows.synth import multipliers, prepare, synthesize_files
+    assert [dsp_cost("ecp5", a, b) for a, b in ((1, 9), (2, 2), (18, 18), (19, 18), (36, 37))] \
+        == [0, 1, 1, 2, 6]
+    assert [dsp_cost("ice40", a, b) for a, b in ((5, 5), (6, 5), (16, 16), (17, 32))] \
+        == [0, 1, 1, 4]
+    found = [(f"u{i}.m", 8, 8) for i in range(4)] + [("big", 20, 20), ("tiny", 1, 8)]
+    assert pick_lut_multipliers(found, 2, "ecp5") == ["u0.m", "u2.m"]
+    assert pick_lut_multipliers(found, 5, "ecp5") == ["u0.m", "u1.m", "u2.m", "u3.m", "big"]
+    block = get_block("systolic")
+    out, v_path, _ = prepare(block, block.config(rows=2, cols=2, in_width=3, acc_width=8),
+                             tmp_path)
+    muls = multipliers([v_path], "systolic", "ecp5", out, "systolic")
+    assert [(a, b) for _, a, b in muls] == [(3, 3)] * 4
+    cells = synthesize_files([v_path], "systolic", "ecp5", out, "systolic",
+                             lut_multipliers=[muls[1][0]])
+    assert cells["MULT18X18D"] == 3
+    cells = synthesize_files([v_path], "systolic", "ecp5", out, "systolic",
+                             lut_multipliers=[name for name, _, _ in muls])
+    assert "MULT18X18D" not in cells
 
 
 # Yosys 0.70's ABC9 fails an assertion on this (flows/synth.py): a wire named like bit 1 of `w`,
