@@ -94,6 +94,9 @@ class HeldPauses(Pauses):
     def release(self):
         self.held = False
 
+    def hold(self):
+        self.held = True
+
     def next(self):
         return self.held
 

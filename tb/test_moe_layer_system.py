@@ -319,16 +319,16 @@ class LayerBench(StreamBench):
             if math.isfinite(golden_fp.scale_decode(scale, fmt)):
                 return scale
 
-    def send_tokens(self, tokens, first_id=0, not_before=None):
-        """Queue tokens (ids from ``first_id``) and their golden y; ``not_before[i]``: token
-        i's beats are not offered before that edge. Floating point: each token with its x
+    def send_tokens(self, tokens, first_id=0, not_before=None, ids=None):
+        """Queue tokens (ids from ``first_id``, or ``ids``) and their golden y;
+        ``not_before[i]``: token i's beats are not offered before that edge. Floating point: each token with its x
         scale on its first beat (:meth:`x_scale`; the later beats' scale fields random,
         which the gate ignores)."""
         cfg = self.cfg
         scales = [self.x_scale() for _ in tokens] if self.floating else None
         out = golden.layer(self.model, tokens, scales)
         for offset, (x, y) in enumerate(zip(tokens, out["y"])):
-            token = (first_id + offset) % (1 << cfg.token_width)
+            token = (ids[offset] if ids else first_id + offset) % (1 << cfg.token_width)
             assert token not in self.expected, "a token id still in flight"
             for b in range(cfg.x_flits):
                 lanes = (list(x[b * cfg.lanes:(b + 1) * cfg.lanes]) + [0] * cfg.lanes)[
@@ -469,10 +469,23 @@ async def test_y_held_until_the_layer_is_full(dut):
     the chiplets' queues fill and the layer stops taking x, a y beat offered meanwhile held
     unchanged (the monitor); the root keeps exactly max_inflight tokens in flight (one more
     where y is one flit a token), so the chiplets take the packets of the first that many
-    tokens and no more; released, every token's y is bit-exact, none lost or doubled."""
+    tokens and no more; released, every token's y is bit-exact, none lost or doubled.
+    Two rounds: with y held, slot s of every switch holds the round's s-th token; its id is s
+    in the first round and its complement (all ones − s) in the second, so every bit of every
+    slot's token register holds a 0 in one round and a 1 in the other (a bit stuck is seen)."""
     held = HeldPauses()
     bench = await _setup(dut, "held", 0.0, held)
+    for complement in (False, True):
+        held.hold()
+        await _held_round(dut, bench, held, complement)
+
+
+async def _held_round(dut, bench, held, complement):
+    """One round of test_y_held_until_the_layer_is_full: the i-th token's id is i, or with
+    ``complement`` all ones − i."""
     cfg = bench.cfg
+    bench.expected.clear()
+    bench.y.received.clear()
     # The gate holds at most 2 * gate latency + 8 tokens undispatched (its x FIFO: router
     # latency + 7 tokens and one beat; its stages: one token each): with small batches the
     # first count alone is less than the layer holds (batch=1: 41 tokens, all taken).
@@ -480,14 +493,19 @@ async def test_y_held_until_the_layer_is_full(dut):
                                          cfg.scale_format) + 8
     sent = min(max(cfg.max_inflight + 2 * cfg.batch * cfg.leaves + cfg.batch,
                    cfg.max_inflight + 1 + gate_holds), 1 << cfg.token_width)
-    bench.send_tokens([bench.random_x() for _ in range(sent)])
     x_beats = bench.sources["x"].sent_edges
+    beats_before, packets_before = len(x_beats), list(bench.leaf_tokens)
+    ones = (1 << cfg.token_width) - 1
+    bench.send_tokens([bench.random_x() for _ in range(sent)],
+                      ids=[ones - i if complement else i for i in range(sent)])
     quiet = 4 * cfg.batch_wait + 400
     # x has stopped (or every token is in), and every dispatched packet has reached its chiplet
     # (a return's space is reserved at dispatch, so the chiplets keep computing with y held):
     # both unchanged for `quiet` cycles, watched together (one quiet window, not two in turn).
-    (taken, settled), _ = await _until_unchanged(
-        dut, lambda: (len(x_beats), list(bench.leaf_tokens)), quiet, 2 * _budget(bench, sent),
+    (taken, packets), _ = await _until_unchanged(
+        dut, lambda: (len(x_beats) - beats_before,
+                      [n - before for n, before in zip(bench.leaf_tokens, packets_before)]),
+        quiet, 2 * _budget(bench, sent),
         "x neither stopped nor finished, or the chiplets' packet counts never settled")
     assert taken < sent * cfg.x_flits or sent == 1 << cfg.token_width, \
         f"x never stopped: {sent} tokens taken with y held"
@@ -495,10 +513,11 @@ async def test_y_held_until_the_layer_is_full(dut):
     # where a token's y is one flit (docs/blocks/moe_layer.md, Timing).
     in_flight = min(cfg.max_inflight + (cfg.x_flits == 1), sent)
     masks = bench.routes[-1]["masks"][:in_flight]
-    assert settled == [sum((mask >> leaf) & 1 for mask in masks) for leaf in range(cfg.leaves)], \
-        (f"with y held the chiplets took {settled} packets, not those of the first "
+    assert packets == [sum((mask >> leaf) & 1 for mask in masks) for leaf in range(cfg.leaves)], \
+        (f"with y held the chiplets took {packets} packets, not those of the first "
          f"{in_flight} tokens (max_inflight)")
-    dut._log.info(f"held: {taken // cfg.x_flits} of {sent} tokens taken, {in_flight} in flight")
+    dut._log.info(f"held ({'complemented' if complement else 'counting'} ids): "
+                  f"{taken // cfg.x_flits} of {sent} tokens taken, {in_flight} in flight")
     held.release()
     await bench.finish(_budget(bench, sent))
 
