@@ -122,8 +122,9 @@ def pick_lut_multipliers(found, excess, target):
     share rather than the first copies all of theirs."""
     sizes = {}
     for name, a, b in found:
-        if dsp_cost(target, a, b):
-            sizes.setdefault(a * b, []).append((name, dsp_cost(target, a, b)))
+        cost = dsp_cost(target, a, b)
+        if cost:
+            sizes.setdefault(a * b, []).append((name, cost))
     picked = []
     for size in sorted(sizes):
         group = sorted(sizes[size])

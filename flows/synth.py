@@ -109,6 +109,15 @@ CLASSIC_ECP5 = ("synth_ecp5 -top {top}{noram} -run :map_luts; "
                 "synth_ecp5 -top {top}{noram} -run map_cells:")
 
 
+def _failure(proc, log_path, what):
+    """The :class:`SynthError` of a Yosys run that exited with an error: Yosys (or ABC inside
+    it) may exit without a word on stderr, so the message ends with the log's end."""
+    log = log_path.read_text() if log_path.exists() else ""
+    tail = "\n".join((proc.stdout + proc.stderr + log).strip().splitlines()[-8:])
+    return SynthError(f"yosys exited with status {proc.returncode} {what}; log {log_path}:\n"
+                      f"{tail}")
+
+
 def _script_head(paths, target, ram, abc):
     """The commands every script on ``paths`` starts with: read, hide bit names, hints."""
     return ("".join(f"read_verilog {Path(p).name}; " for p in paths)
@@ -131,9 +140,7 @@ def multipliers(paths, top, target, out_dir, stem, ram=True):
     proc = subprocess.run([_yosys(), "-q", "-l", log_path.name, "-p", script],
                           cwd=out_dir, capture_output=True, text=True)
     if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
-        raise SynthError(f"yosys exited with status {proc.returncode} listing the multipliers "
-                         f"of {top}; log {log_path}:\n{tail}")
+        raise _failure(proc, log_path, f"listing the multipliers of {top}")
     found = []
     for cell in re.split(r"^\s*cell ", dump.read_text(), flags=re.MULTILINE)[1:]:
         name = cell.split(None, 2)[1]       # after the type, `$mul`
@@ -181,11 +188,7 @@ def synthesize_files(paths, top, target, out_dir, stem, flatten=True, abc=True, 
         if notes is not None:
             notes["mapper"] = CLASSIC_MAPPER
     if proc.returncode != 0:
-        # Yosys (or ABC inside it) may exit without a word on stderr: show the log's end.
-        log = log_path.read_text() if log_path.exists() else ""
-        tail = "\n".join((proc.stdout + proc.stderr + log).strip().splitlines()[-8:])
-        raise SynthError(f"yosys exited with status {proc.returncode} for {top} "
-                         f"({target}); log {log_path}:\n{tail}")
+        raise _failure(proc, log_path, f"for {top} ({target})")
     stat = json.loads(stat_path.read_text())
     design = stat.get("design") or next(iter(stat["modules"].values()))
     modules = {name.lstrip("\\") for name in stat["modules"]}
