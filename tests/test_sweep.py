@@ -2,11 +2,14 @@
 
 import csv
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
+from flows import sweep
 from flows.cli import main
-from flows.sweep import SweepUsageError, expand, pareto_front, run_sweep
+from flows.sweep import SweepUsageError, expand, job_code_digest, pareto_front, run_sweep
 from hw.registry import get_block
 
 
@@ -60,6 +63,37 @@ def test_sweep_runs_on_two_local_workers_caches_and_reports_a_failing_job(tmp_pa
                       cache_dir=tmp_path / "cache", workers=2, progress=False)
     assert [j["cached"] for j in again["results"]] == [j["ok"] for j in jobs]
     assert again["rows"] == first["rows"]
+
+
+def test_cache_key_follows_every_source_a_job_runs(tmp_path, monkeypatch):
+    """A job's cached figures are reused only while nothing they depend on changed: the
+    generator, the synthesis and place-and-route flows, the benches (a sim job's figures)."""
+    root = Path(sweep.__file__).resolve().parent.parent
+    for folder in ("hw", "golden", "flows", "tb"):
+        (tmp_path / folder).mkdir()
+        for path in (root / folder).glob("*.py"):
+            shutil.copy(path, tmp_path / folder)
+    base = job_code_digest(tmp_path)
+    assert base == job_code_digest(root)
+    (tmp_path / "README.md").write_text("not a job's source")
+    assert job_code_digest(tmp_path) == base
+    seen = {base}
+    for edited in ("flows/pnr.py", "flows/synth.py", "flows/dsp_pack.py", "tb/harness.py",
+                   "hw/systolic.py", "golden/systolic.py"):
+        path = tmp_path / edited
+        original = path.read_bytes()
+        path.write_bytes(original + b"\n")
+        seen.add(job_code_digest(tmp_path))
+        path.write_bytes(original)
+        assert job_code_digest(tmp_path) == base
+    (tmp_path / "flows" / "new_flow.py").write_text("")
+    seen.add(job_code_digest(tmp_path))
+    assert len(seen) == 8                          # every edit gave its own key
+    # job_specs puts the digest in every key: another digest, other keys.
+    keys = [s["key"] for s in sweep.job_specs("systolic", [["rows=2"]], synth="generic", pnr=True)]
+    monkeypatch.setattr(sweep, "job_code_digest", lambda: "other")
+    again = [s["key"] for s in sweep.job_specs("systolic", [["rows=2"]], synth="generic", pnr=True)]
+    assert len(set(keys)) == 2 and not set(keys) & set(again)
 
 
 def test_sweep_usage_errors_are_one_line(capsys):
