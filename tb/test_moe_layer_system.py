@@ -592,6 +592,105 @@ async def test_weights_stream_while_the_batch_computes(dut):
 
 
 @cocotb.test()
+async def test_a_bank_waits_for_weights_while_the_other_collects(dut):
+    """A batch's bank waits for a slot's weights while the other bank collects the next batch.
+    Per round, expert slot s of every chiplet is assigned again (its weights out: "loaded"
+    cleared) and a batch sent that gives each chiplet at least two members of that slot (the
+    second member's gate register too); once each bank has closed and its planner waits at
+    slot s, a second batch reaches every chiplet (its packets end in the other bank); no
+    token of slot s has a y yet; then slot s is loaded: y bit-exact for both batches. Every
+    slot, each bank waiting in turn (a batch to every chiplet between the turns), with the
+    gate table as written and then complemented, so each member gate register bit waits with
+    a 0 and a 1. (A mutant that flipped a bit of bank 1's member gate whenever a packet ended
+    in bank 0 passed every other test: `moe_layer`'s 11 of 2026-12-04.)"""
+    bench = await _setup(dut, "wait-weights")
+    cfg = bench.cfg
+    bench.unit_x_scales = True              # routes chosen from the golden scores
+    for complement in (False, True):
+        if complement:
+            ones = (1 << cfg.gate_width) - 1
+            lut = [ones ^ value for value in bench.model.gate_lut]
+            for code, value in enumerate(lut):
+                bench.sources["gate_lut"].send({"code": code, "value": value})
+            await wait_for(dut, lambda: bench.sources["gate_lut"].idle, 4 * len(lut) + 50,
+                           "gate table written")
+            bench.model = dataclasses.replace(bench.model, gate_lut=lut)
+        for slot in range(cfg.slots):
+            for turn in range(min(2, cfg.token_banks)):
+                if turn:                    # the other bank waits next
+                    tokens = _covering_tokens(bench, {})
+                    await bench.run(tokens, _budget(bench, len(tokens)))
+                await _wait_for_weights_round(dut, bench, slot)
+
+
+def _covering_tokens(bench, wanted):
+    """Random tokens, chosen by their golden routes, that reach every chiplet, at most a batch
+    of them each, and for each ``leaf: expert`` of ``wanted`` at least min(2, batch) choose
+    that expert."""
+    cfg, model = bench.cfg, bench.model
+    need = min(2, cfg.batch)
+    tokens, reached, members = [], [0] * cfg.leaves, dict.fromkeys(wanted, 0)
+    for _ in range(20000):
+        if all(reached) and all(n >= need for n in members.values()):
+            return tokens
+        x = bench.random_x()
+        out = golden.layer(model, [x])
+        experts = {e for e, _ in model.choices(out["experts"][0], out["gates"][0])}
+        leaves = [leaf for leaf in range(cfg.leaves) if (out["masks"][0] >> leaf) & 1]
+        after = {leaf: (reached[leaf] + 1,
+                        members.get(leaf, 0) + (wanted.get(leaf) in experts)) for leaf in leaves}
+        # a chiplet's batch keeps room for the members it still needs
+        fits = all(cfg.batch - count >= (need - got if leaf in wanted else 0)
+                   for leaf, (count, got) in after.items())
+        useful = any(reached[leaf] == 0 or (leaf in wanted and got > members[leaf])
+                     for leaf, (_, got) in after.items())
+        if fits and useful:
+            tokens.append(x)
+            for leaf, (count, got) in after.items():
+                reached[leaf] = count
+                if leaf in wanted:
+                    members[leaf] = got
+    raise AssertionError(f"no tokens found that reach every chiplet with {need} members of "
+                         f"{wanted} (reached {reached}, members {members})")
+
+
+async def _wait_for_weights_round(dut, bench, slot):
+    """One round of test_a_bank_waits_for_weights_while_the_other_collects at expert slot
+    ``slot``."""
+    cfg = bench.cfg
+    loads = [load for load in bench.resident_loads(bench.model) if load[1] == slot]
+    for leaf, _, expert, _ in loads:
+        bench.sources["assign"].send({"leaf": leaf, "slot": slot, "expert": expert})
+    await wait_for(dut, lambda: bench.sources["assign"].idle, 20 * len(loads) + 50,
+                   "slots assigned")
+    wanted = {leaf: expert for leaf, _, expert, matrices in loads
+              if matrices is not bench.zero_expert()}
+    waiting = _covering_tokens(bench, wanted)
+    later = _covering_tokens(bench, {})
+    bench.expected.clear()
+    bench.y.received.clear()
+    packets = list(bench.leaf_tokens)
+    out = bench.send_tokens(waiting)
+    arrived = [a + b for a, b in zip(packets, out["chiplet_tokens"])]
+    await wait_for(dut, lambda: bench.leaf_tokens == arrived, _budget(bench, len(waiting)),
+                   "the waiting batch's packets at their chiplets")
+    # the batch closes after batch_wait idle cycles; its planner then waits at the slot
+    await ClockCycles(dut.clk, 2 * cfg.batch_wait + 40)
+    out_later = bench.send_tokens(later, first_id=len(waiting))
+    if cfg.token_banks > 1:                 # (one bank: they wait in the input queue)
+        arrived = [a + b for a, b in zip(arrived, out_later["chiplet_tokens"])]
+        await wait_for(dut, lambda: bench.leaf_tokens == arrived, _budget(bench, len(later)),
+                       "the later batch's packets in the other bank")
+    await ClockCycles(dut.clk, 4 * (cfg.header_flits + cfg.x_flits) + 40)
+    stuck = [t for t, (experts, gates) in enumerate(zip(out["experts"], out["gates"]))
+             if {e for e, _ in bench.model.choices(experts, gates)} & set(wanted.values())]
+    early = set(bench.received_tokens()) & set(stuck)
+    assert not early, f"tokens {sorted(early)} of slot {slot} returned before its weights"
+    bench.send_loads(loads)
+    await bench.finish(_budget(bench, len(waiting) + len(later)))
+
+
+@cocotb.test()
 async def test_every_y_at_the_edge_of_the_golden_schedule(dut):
     """Cycle-exact through the whole layer, every port ready, the weights resident. Each round
     sends one x (non-negative, x[0] the largest) to the k experts of one chiplet first (W_g's

@@ -553,7 +553,7 @@ LAYER_CONFIGS = [
     FP8_LAYER,
 ]
 LAYER_SWEEP = (4, 5)
-LAYER_COCOTB_TESTS = 17
+LAYER_COCOTB_TESTS = 18
 
 
 @pytest.mark.parametrize("simulator", ["icarus", "verilator"])
