@@ -248,12 +248,17 @@ def _score(entry):
 
 def _mutation_row(entry):
     params = ", ".join(f"{k}={v}" for k, v in sorted(entry["params"].items()))
-    return (f"`{entry['block']}`", params, entry["simulator"], entry["sampled"],
+    netlist = entry.get("sampled_on", "?") + (f" (`{entry['verilog']}`)"
+                                              if entry.get("verilog") else "")
+    return (f"`{entry['block']}`", params, entry["simulator"], netlist, entry["sampled"],
             entry["killed"], entry["survived"], entry["equivalent"], _score(entry))
 
 
-_MUTATION_HEADERS = ["block", "configuration", "simulator", "mutants", "killed", "survived",
-                     "equivalent", "score"]
+# "sampled": the day of the sample and a digest of the Verilog it was drawn from
+# (flows.mutate.verilog_digest), so a reader can tell a record of today's netlist from an
+# older one.
+_MUTATION_HEADERS = ["block", "configuration", "simulator", "sampled", "mutants", "killed",
+                     "survived", "equivalent", "score"]
 
 
 def _mutation_table(name, record):

@@ -31,11 +31,13 @@
 
 The report (``build/mutation/BLOCK-KEY/SIM/report.json``, merged per block into
 ``build/mutation.json``): killed, survived and equivalent counts, score = killed / (killed +
-survived), and each mutant with its verdict, how it was reached, the mutation and the Verilog
-line it sits on.
+survived), the day it was sampled and a digest of the Verilog it was sampled from
+(:func:`verilog_digest`), and each mutant with its verdict, how it was reached, the mutation and
+the Verilog line it sits on.
 """
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -50,7 +52,7 @@ from pathlib import Path
 from flows import toolchain
 from flows.verilog import config_key, generate, write_if_changed
 
-__all__ = ["sample", "build_mutants", "run_mutation", "MutationError"]
+__all__ = ["sample", "build_mutants", "run_mutation", "verilog_digest", "MutationError"]
 
 # MCY's own preparation: Yosys's `prep` (proc, flatten, opt -keepdc, wreduce -keepdc,
 # memory_collect). Mutants are sampled from the netlist synthesis would start from: a sum's
@@ -459,6 +461,12 @@ def _run_mutant(spec, timeout):
         f" ({seconds:.0f} s)"
 
 
+def verilog_digest(v_path):
+    """The first 12 hex digits of the SHA-256 of a generated Verilog file: the netlist a
+    mutation record is of (the generator writes the same text for the same design)."""
+    return hashlib.sha256(Path(v_path).read_bytes()).hexdigest()[:12]
+
+
 def run_mutation(block, config, count=20, simulator="verilator", seed=1, jobs=2,
                  timeout=RUN_SECONDS, progress=None, out_root=None):
     """Sample ``count`` mutants of the block's netlist, run its suite on each, set aside the
@@ -537,6 +545,11 @@ def run_mutation(block, config, count=20, simulator="verilator", seed=1, jobs=2,
     scored = counts["killed"] + counts["survived"]
     report = {"block": block.name, "params": info["params"], "simulator": simulator,
               "seed": seed, "sampled": len(lines), **counts,
+              # Which netlist the score is of: the day, and a digest of the Verilog the mutants
+              # were sampled from (`verilog_digest`: compare it with today's to see whether the
+              # record still describes the design).
+              "sampled_on": time.strftime("%Y-%m-%d", time.gmtime()),
+              "verilog": verilog_digest(v_path),
               "score": round(counts["killed"] / scored, 4) if scored else None,
               "survivors": [m for m in mutants if m["verdict"] == "survived"],
               "mutants": mutants}

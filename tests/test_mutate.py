@@ -3,12 +3,14 @@ simulators; survivors go to the equivalence proofs (Yosys's SAT, ABC), which mus
 a killed mutant equivalent."""
 
 import json
+import time
 
 import pytest
 
 from flows.cli import main
 from flows.mutate import (abc_proof, equivalence, proven_locally, run_mutation, sample,
-                          unchanged)
+                          unchanged, verilog_digest)
+from flows.verilog import generate
 from hw.registry import get_block
 
 
@@ -24,6 +26,10 @@ def test_mutants_are_killed_by_the_suite_or_proven_equivalent(simulator, count, 
     assert report["score"] == report["killed"] / (report["killed"] + report["survived"])
     merged = json.loads((tmp_path / "mutation.json").read_text())
     assert merged["logfmt_decoder"]["killed"] == report["killed"]
+    # the record names the netlist it is of: today's generation of the same configuration
+    v_path, _, _ = generate(block, block.config(lanes=1), tmp_path / "again")
+    assert merged["logfmt_decoder"]["verilog"] == verilog_digest(v_path)
+    assert merged["logfmt_decoder"]["sampled_on"] == time.strftime("%Y-%m-%d", time.gmtime())
     if simulator == "verilator":
         # (Since the decoder's dead low bits were removed, none of these two is equivalent;
         # test_a_dead_bit_is_proven_equivalent checks that verdict.)
