@@ -119,6 +119,48 @@ async def test_extremes_and_all_equal(dut):
     bench.check()
 
 
+# The edge patterns of the default 32 experts with 8-bit scores (11,904 tokens); larger routers
+# (`make sweep`: up to 780,000 patterns) run a seeded sample of this many.
+EDGE_PATTERNS_AT_MOST = 12_000
+
+
+def edge_pattern(experts, width, bit, i, j, equal):
+    """One score vector that sets experts i and j at the edge of score bit ``bit``, the others
+    0: i one above j (v + 2^b against v + 2^b - 1), or i equal to j (both v + 2^b). The pair
+    shares the bits above b (v = 2^(b+1) below the top bit, so even the lower score is above the
+    others'). Over both orders and the equal pair, a comparator bit stuck at 0 or 1 in either
+    operand, strict or not, turns one of the three around."""
+    high = (0 if bit == width - 1 else 1 << (bit + 1)) + (1 << bit)
+    scores = [0] * experts
+    scores[i], scores[j] = high, high if equal else high - 1
+    return scores
+
+
+def edge_patterns(experts, width, rng):
+    """Every pair of experts at the edge of every bit (:func:`edge_pattern`): each ordered pair
+    one apart and each unordered pair equal, at each bit; a seeded sample of
+    ``EDGE_PATTERNS_AT_MOST`` of them, in order, when there are more."""
+    specs = [(b, i, j, eq) for b in range(width) for i in range(experts)
+             for j in range(experts) for eq in (False, True) if i != j and (i < j or not eq)]
+    if len(specs) > EDGE_PATTERNS_AT_MOST:
+        specs = sorted(rng.sample(specs, EDGE_PATTERNS_AT_MOST))
+    return [edge_pattern(experts, width, *spec) for spec in specs]
+
+
+@cocotb.test()
+async def test_every_pair_at_the_edge_of_every_bit(dut):
+    """Every pair of experts one apart and equal at every score bit (:func:`edge_patterns`):
+    each of the E(E-1) comparisons, at each of their bits, decides a route."""
+    bench = _setup(dut, "edges")
+    await start_after_reset(dut, bench)
+    await bench.write_table(_random_table(bench))
+    for token, scores in enumerate(edge_patterns(bench.cfg.experts, bench.cfg.score_width,
+                                                 bench.rng)):
+        bench.send(scores, token)
+    await bench.drain()
+    bench.check()
+
+
 @cocotb.test()
 async def test_table_rewrite_between_tokens(dut):
     """Routes use the table as written before them; rewriting it redirects later tokens."""

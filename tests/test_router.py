@@ -93,7 +93,7 @@ SWEEP_CONFIGS = [{"experts": 64, "k": 8, "groups": 8, "topk_groups": 4},
 @pytest.mark.parametrize("simulator", SIMULATORS)
 @pytest.mark.parametrize("params", SWEEP_CONFIGS, ids=[config_id(p) for p in SWEEP_CONFIGS])
 def test_cocotb_sweep(params, simulator):
-    assert run_block("topk_router", params, simulator).tests == 9
+    assert run_block("topk_router", params, simulator).tests == 10
 
 
 # Three groups of 4 in `make sweep` only (make test's time budget, 2026-11-30): the defaults
@@ -104,7 +104,7 @@ ROUTER_SWEEP = (2,)
 @pytest.mark.parametrize("simulator", SIMULATORS)
 @pytest.mark.parametrize("params", sweep_params(SIM_CONFIGS, ROUTER_SWEEP))
 def test_cocotb(params, simulator):
-    assert run_block("topk_router", params, simulator).tests == 9
+    assert run_block("topk_router", params, simulator).tests == 10
 
 
 def test_default_router_synthesizes(tmp_path):
