@@ -97,10 +97,20 @@ async def test_gemv_shapes(dut, gap, stall):
     bench.check()
 
 
+def _mid_range_shift(value, cfg):
+    """The smallest requant shift that brings ``value`` (wrapped as the accumulator wraps it)
+    within half the range of an activation."""
+    value = fixed.wrap(value, cfg.acc_width)       # a row sum as the accumulator holds it
+    half = fixed.signed_limits(cfg.x_width)[1] // 2
+    return next(s for s in range(32) if abs(golden.requant(value, s, cfg.x_width)) <= half)
+
+
 @cocotb.test()
 async def test_extremes_wrap_and_saturate(dut):
     """Most negative / positive weights and activations at the longest row (the accumulator
-    wraps when acc_width is small), and ffn shifts of 0 and 31 (requant saturates both ways)."""
+    wraps when acc_width is small), and ffn shifts of 0 and 31 with g negative and u positive,
+    then the other way round (requant saturates both ways on each: the table's first and last
+    entries are both read)."""
     bench = _setup(dut, "extremes")
     await start_after_reset(dut, bench)
     cfg = bench.cfg
@@ -115,11 +125,19 @@ async def test_extremes_wrap_and_saturate(dut):
     await bench.write_lut(identity)
     inter = min(cfg.max_inter, 3)
     hidden = min(cfg.max_cols, 2 * cfg.mults + 1)
-    wg, wu, wd = (np.full(s, v, dtype=np.int64)
-                  for s, v in (((inter, hidden), w_min), ((inter, hidden), w_max),
-                               ((hidden, inter), w_min)))
-    for shifts in ((0, 0, 0), (31, 31, 31), (0, 31, 0), (3, 0, 31)):
-        bench.ffn(wg, wu, wd, [x_max] * hidden, shifts)
+    for g_weight, u_weight in ((w_min, w_max), (w_max, w_min)):
+        wg, wu, wd = (np.full(s, v, dtype=np.int64)
+                      for s, v in (((inter, hidden), g_weight), ((inter, hidden), u_weight),
+                                   ((hidden, inter), w_min)))
+        # g saturated (the table's end), u and then h within half their range: the entry read
+        # shows in h.
+        u_row = fixed.wrap(u_weight * x_max * hidden, cfg.acc_width)
+        shift_u = _mid_range_shift(u_row, cfg)
+        u_code = golden.requant(u_row, shift_u, cfg.x_width)
+        table_end = identity[(x_max if g_weight == w_max else x_min) & ((1 << cfg.x_width) - 1)]
+        for shifts in ((0, 0, 0), (31, 31, 31), (0, 31, 0), (3, 0, 31),
+                       (0, shift_u, _mid_range_shift(table_end * u_code, cfg))):
+            bench.ffn(wg, wu, wd, [x_max] * hidden, shifts)
     await bench.drain()
     bench.check()
 
