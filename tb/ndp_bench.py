@@ -30,18 +30,24 @@ class NdpBenchBase(StreamBench):
         self.queued_beats = 0        # x and weight pairs queued since the last drain
 
     # --- stimulus --------------------------------------------------------------------------
-    def weights(self, rows, cols):
+    def weights(self, rows, cols, bound=None):
+        """Random weights, of at most ``bound`` in magnitude if given."""
         low, high = fixed.signed_limits(self.cfg.w_width)
+        if bound is not None:
+            low, high = max(low, -bound), min(high, bound)
         # NumPy draws, seeded from the bench's generator: a 256-column expert is 10^5 values.
         draws = np.random.default_rng(self.rng.getrandbits(64))
         return draws.integers(low, high, size=(rows, cols), endpoint=True, dtype=np.int64)
 
-    def expert(self, inter, hidden):
+    def expert(self, inter, hidden, bound=None):
         """Random Wg, Wu (inter x hidden) and Wd (hidden x inter)."""
-        return self.weights(inter, hidden), self.weights(inter, hidden), self.weights(hidden, inter)
+        return (self.weights(inter, hidden, bound), self.weights(inter, hidden, bound),
+                self.weights(hidden, inter, bound))
 
-    def vector(self, length):
+    def vector(self, length, bound=None):
         low, high = fixed.signed_limits(self.cfg.x_width)
+        if bound is not None:
+            low, high = max(low, -bound), min(high, bound)
         return [self.rng.randint(low, high) for _ in range(length)]
 
     def pad(self, width):

@@ -8,6 +8,7 @@ waiting streams, command, weight-beat and result edges are asserted against
 :func:`golden.ndp.system_timeline`.
 """
 
+import math
 import time
 
 import cocotb
@@ -133,6 +134,25 @@ async def test_every_shift(dut):
         shifts = (shift, shift % 8, (shift + 16) % 32)
         bench.run_expert(*bench.expert(inter, hidden),
                          [bench.vector(hidden) for _ in range(tokens)], shifts)
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
+async def test_every_accumulator_bit(dut):
+    """Weights and x of at most b in magnitude, b^2 D within x's range, and shifts of 0: g, u
+    and h are exact (a table of -1, 0 and 1 keeps h = a u in range), so a wrong bit in any
+    token's accumulator, over rows of one beat and of several, changes y, in every DIMM."""
+    bench = _setup(dut, "accumulator-bits")
+    await start_after_reset(dut, bench)
+    cfg = bench.cfg
+    await bench.write_lut([bench.rng.randint(-1, 1) for _ in range(1 << cfg.x_width)])
+    x_max = fixed.signed_limits(cfg.x_width)[1]
+    for hidden in sorted({min(cfg.mults, cfg.max_cols), cfg.max_cols}):
+        bound = max(1, math.isqrt(x_max // hidden))
+        for tokens in sorted({1, cfg.max_tokens}):
+            bench.run_expert(*bench.expert(_largest(cfg), hidden, bound),
+                             [bench.vector(hidden, bound) for _ in range(tokens)], (0, 0, 0))
     await bench.drain()
     bench.check()
 

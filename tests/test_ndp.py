@@ -212,7 +212,7 @@ def test_cocotb(params, simulator):
 
 # --- ndp_system ---------------------------------------------------------------------------------
 
-SYSTEM_COCOTB_TESTS = 11
+SYSTEM_COCOTB_TESTS = 12
 
 SYSTEM_CONFIGS = [
     # The defaults and demo: 4 DIMMs of Table I's 64-multiplier core, 8 tokens.
