@@ -286,8 +286,10 @@ async def test_each_lane_leads(dut):
     two in the next lane; with g = 1, the beat before): a lane whose leading-one search or
     top exponent were off would align the beat to a wrong exponent, dropping that unit or
     keeping one that should go (and alone, where the unit is below the format's smallest
-    product, it would come out at a wrong exponent). Random signs; every result equals the
-    golden dot product. (The leading-bit positions kill fp_dot's mutant 11 of 2026-11-29:
+    product, it would come out at a wrong exponent). The other lanes hold a zero times the
+    largest finite value, either side: a zero product's exponent must not set the alignment
+    (fp_dot's mutant 14 of 2026-12-04). Random signs; every result equals the golden dot
+    product. (The leading-bit positions kill fp_dot's mutant 11 of 2026-11-29:
     lane 31's search reporting 5 for a product of 16 to 31.)"""
     bench = await start_bench(DotBench, dut, "leads")
     fmt, g, F = bench.fmt, bench.cfg.group, bench.cfg.acc_frac
@@ -310,11 +312,50 @@ async def test_each_lane_leads(dut):
                 if g == 1:
                     bench.send_dot([ua, a], [ub, b])
                     continue
+                # The other lanes: a zero times the largest finite value (either side), whose
+                # exponent must not set the alignment.
                 beat_a, beat_b = [0] * g, [0] * g
+                for other in range(g):
+                    zero, big = rng.choice((0, sign)), fmt.max_code | rng.choice((0, sign))
+                    beat_a[other], beat_b[other] = (zero, big) if other % 2 else (big, zero)
                 beat_a[lane], beat_b[lane] = a, b
                 beat_a[(lane + 1) % g], beat_b[(lane + 1) % g] = ua, ub
                 bench.send_dot(beat_a, beat_b)
     await bench.drain()
+    bench.check()
+    bench.stop()
+
+
+@cocotb.test()
+async def test_partial_sum_ahead_by_every_gap(dut):
+    """Dot products of two beats: the first a power of two 2**t alone (the partial sum at
+    exponent t), the second products of random significands and signs whose largest sits d
+    below t, for every d from 0 to F + 2 (each shifted sum the partial-sum loop selects from,
+    and past the last), 32 times each, back to back under result stalls nine cycles in ten
+    (a waiting result holds the whole pipeline: every beat waits in every stage, for runs of
+    either parity): a beat held in the pipeline keeps every one of its shifted sums (fp_dot's mutant 11 of 2026-12-04
+    flipped a bit of the sum shifted by 7 at each stalled edge)."""
+    bench = await start_bench(DotBench, dut, "gaps", 0.0, 0.9)
+    fmt, g, F = bench.fmt, bench.cfg.group, bench.cfg.acc_frac
+    rng = bench.rng
+    sign = 1 << (fmt.width - 1)
+    by_top, powers = _products_by_top(fmt, rng)
+    tops = sorted({top for top, _ in by_top})
+    t = max(x for x in tops if _power_pair(powers, x, rng))
+    for d in range(F + 3):
+        below = [key for key in by_top if t - d - F <= key[0] <= t - d]
+        leading = [key for key in below if key[0] == t - d]
+        first = _power_pair(powers, t, rng)
+        if not leading or first is None:
+            continue
+        for _ in range(32):
+            keys = [rng.choice(leading)] + [rng.choice(below) for _ in range(g - 1)]
+            pairs = [by_top[key] for key in keys]
+            second_a = [a ^ rng.choice((0, sign)) for a, _ in pairs]
+            second_b = [b for _, b in pairs]
+            bench.send_dot([first[0]] + [0] * (g - 1) + second_a,
+                           [first[1]] + [0] * (g - 1) + second_b)
+    await bench.drain(0.0, 0.9)
     bench.check()
     bench.stop()
 

@@ -218,7 +218,7 @@ SIM_CONFIGS = [
     {"dtype": "bf16", "group": 1, "acc_frac": 24, "promote_every": 64, "scale_format": "e8m0",
      "slots": fp.DOT_SLOT_GAP},
 ]
-COCOTB_TESTS = 14
+COCOTB_TESTS = 15
 
 
 @pytest.mark.parametrize("simulator", SIMULATORS)
