@@ -30,11 +30,15 @@ class NdpBenchBase(StreamBench):
         self.queued_beats = 0        # x and weight pairs queued since the last drain
 
     # --- stimulus --------------------------------------------------------------------------
+    @staticmethod
+    def _limits(width, bound):
+        """Signed ``width``-bit limits, narrowed to at most ``bound`` in magnitude if given."""
+        low, high = fixed.signed_limits(width)
+        return (low, high) if bound is None else (max(low, -bound), min(high, bound))
+
     def weights(self, rows, cols, bound=None):
         """Random weights, of at most ``bound`` in magnitude if given."""
-        low, high = fixed.signed_limits(self.cfg.w_width)
-        if bound is not None:
-            low, high = max(low, -bound), min(high, bound)
+        low, high = self._limits(self.cfg.w_width, bound)
         # NumPy draws, seeded from the bench's generator: a 256-column expert is 10^5 values.
         draws = np.random.default_rng(self.rng.getrandbits(64))
         return draws.integers(low, high, size=(rows, cols), endpoint=True, dtype=np.int64)
@@ -45,9 +49,7 @@ class NdpBenchBase(StreamBench):
                 self.weights(hidden, inter, bound))
 
     def vector(self, length, bound=None):
-        low, high = fixed.signed_limits(self.cfg.x_width)
-        if bound is not None:
-            low, high = max(low, -bound), min(high, bound)
+        low, high = self._limits(self.cfg.x_width, bound)
         return [self.rng.randint(low, high) for _ in range(length)]
 
     def pad(self, width):

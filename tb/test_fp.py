@@ -333,20 +333,20 @@ async def test_partial_sum_ahead_by_every_gap(dut):
     below t, for every d from 0 to F + 2 (each shifted sum the partial-sum loop selects from,
     and past the last), 32 times each, back to back under result stalls nine cycles in ten
     (a waiting result holds the whole pipeline: every beat waits in every stage, for runs of
-    either parity): a beat held in the pipeline keeps every one of its shifted sums (fp_dot's mutant 11 of 2026-12-04
-    flipped a bit of the sum shifted by 7 at each stalled edge)."""
+    either parity): a beat held in the pipeline keeps every one of its shifted sums (fp_dot's
+    mutant 11 of 2026-12-04 flipped a bit of the sum shifted by 7 at each stalled edge)."""
     bench = await start_bench(DotBench, dut, "gaps", 0.0, 0.9)
     fmt, g, F = bench.fmt, bench.cfg.group, bench.cfg.acc_frac
     rng = bench.rng
     sign = 1 << (fmt.width - 1)
     by_top, powers = _products_by_top(fmt, rng)
     tops = sorted({top for top, _ in by_top})
-    t = max(x for x in tops if _power_pair(powers, x, rng))
+    t = max(x for x in tops if _power_pair(powers, x, rng))      # 2**t a product exactly
     for d in range(F + 3):
         below = [key for key in by_top if t - d - F <= key[0] <= t - d]
         leading = [key for key in below if key[0] == t - d]
         first = _power_pair(powers, t, rng)
-        if not leading or first is None:
+        if not leading:
             continue
         for _ in range(32):
             keys = [rng.choice(leading)] + [rng.choice(below) for _ in range(g - 1)]
