@@ -220,6 +220,54 @@ async def test_skewed_routing_and_merge(dut):
 
 
 @cocotb.test()
+async def test_every_synapse_at_the_threshold(dut):
+    """Every neuron of every expert held at its firing threshold, so that a synaptic sum off
+    by any amount in any PE (row, column) shows as a flipped spike. The random-threshold tests
+    cannot see that: a sum off by 2 rarely moves a potential across Vth. Every spike is 1,
+    Vth = 0 and Vleak = v, a random value that a weight, Vleak and an integration hold. In
+    expert e, each neuron's D_in weights are random with a sum of v or v + 1. A neuron that
+    sums v + 1 fires at every timestep (V = 1, reset to 0); it shows any decrease. One that
+    sums v stays at V = 0; it shows any increase. Each v runs twice with the two kinds
+    swapped, so every neuron shows both. D_in is 1 (one weight per neuron: no two errors
+    cancel in a sum) and the largest. All tokens go to expert e (K = 1: one routing weight of
+    1, the rest 0), so that core's columns take every (token, timestep) pair over every row
+    tile, and no other expert's spike ORs over its own. With random gaps on the inputs and
+    stalls on the outputs."""
+    bench = _setup(dut, "threshold", gap=0.3, stall=0.5)
+    await start_after_reset(dut, bench)
+    cfg, rng = bench.cfg, bench.rng
+    E, N, T, D, O = cfg.experts, cfg.max_tokens, cfg.max_timesteps, cfg.max_d_in, cfg.max_d_out
+    low, high = fixed.signed_limits(cfg.w_width)
+    # v (Vleak) and v + 1 are weights, fit Vleak's field and an integration (no wrap).
+    limits = [fixed.signed_limits(width) for width in (cfg.w_width, cfg.v_width, cfg.acc_width)]
+    v_low, v_high = max(lo for lo, _ in limits), min(hi for _, hi in limits) - 1
+
+    def summing_to(target, d_in):
+        while True:                     # the other weights random, input 0's makes the sum
+            others = [rng.randint(low, high) for _ in range(d_in - 1)]
+            first = target - sum(others)
+            if low <= first <= high:
+                return [first, *others]
+
+    for e in range(E):
+        for d_in in sorted({1, D}):
+            spikes = [[[1] * d_in for _ in range(T)] for _ in range(N)]
+            routing = [[[int(t == 0 and d == 0 and x == e) for x in range(E)]
+                        for d in range(d_in)] for t in range(T)]
+            for _ in range(3):
+                v = rng.randint(v_low, v_high)
+                kinds = [rng.randint(0, 1) for _ in range(O)]
+                for swap in (0, 1):
+                    experts = [[summing_to(v + (kind ^ swap), d_in) if x == e else
+                                [rng.randint(low, high) for _ in range(d_in)] for kind in kinds]
+                               for x in range(E)]
+                    masks = bench.job(spikes, routing, experts, 0, v, k=1)
+                    assert set(masks) == {1 << e}, f"tokens not all routed to {e}: {masks}"
+    await bench.drain()
+    bench.check()
+
+
+@cocotb.test()
 async def test_layers_while_cores_drain(dut):
     """Back-to-back smallest layers (one token, one timestep, D_in 1) after a layer with every
     token: a core drains its padding columns (up to C of them) after its last row, and with C

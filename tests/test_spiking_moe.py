@@ -7,7 +7,7 @@ from golden import spiking_moe as golden
 from hw.params import ParamError
 from hw.spiking_moe import SpikingMoeConfig
 
-COCOTB_TESTS = 11
+COCOTB_TESTS = 12
 
 SIM_CONFIGS = [
     {},                                                         # the make demo configuration
