@@ -239,7 +239,7 @@ async def test_every_synapse_at_the_threshold(dut):
     E, N, T, D, O = cfg.experts, cfg.max_tokens, cfg.max_timesteps, cfg.max_d_in, cfg.max_d_out
     low, high = fixed.signed_limits(cfg.w_width)
     # v (Vleak) and v + 1 are weights, fit Vleak's field and an integration (no wrap).
-    limits = [fixed.signed_limits(width) for width in (cfg.w_width, cfg.v_width, cfg.acc_width)]
+    limits = [(low, high)] + [fixed.signed_limits(width) for width in (cfg.v_width, cfg.acc_width)]
     v_low, v_high = max(lo for lo, _ in limits), min(hi for _, hi in limits) - 1
 
     def summing_to(target, d_in):
