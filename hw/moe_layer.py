@@ -868,9 +868,12 @@ class ExpertChiplet(TieredComponent):
         def next_bank(bank):
             return Mux(bank == NB - 1, 0, bank + 1)
 
-        collecting, running, draining, emitting = (Signal(name=s) for s in (
-            "collecting", "running", "draining", "emitting"))
-        m.d.comb += collecting.eq(select(c_bank, [st == FREE for st in bank_state]))
+        running, draining, emitting = (Signal(name=s) for s in (
+            "running", "draining", "emitting"))
+        # The collecting bank is free: a register, loaded below with its value after the edge
+        # (clock rate: the bank-state select began the paths through `taken`). Reset: every
+        # bank free.
+        collecting = Signal(init=1, name="collecting")
         bank_count = [Signal(range(T + 1), name=f"count_{b}") for b in range(NB)]
         count = Signal(range(T + 1))                   # tokens held in the collecting bank
         m.d.comb += count.eq(select(c_bank, bank_count))
@@ -1055,8 +1058,14 @@ class ExpertChiplet(TieredComponent):
                 with m.If(here & matches(s, expert)):
                     m.d.comb += [hits[s].eq(1), hit_gate[s].eq(entry[:cfg.gate_width])]
         current_chosen = Signal(S)
-        m.d.comb += current_chosen.eq(
-            hits | Mux(first, 0, chosen))
+        # The choices of the packet's flits before this one: those its end writes into the
+        # member lists. A packet of H + X flits ends on an x flit, which chooses nothing, so
+        # they are all its choices; a short packet's final flit's entries are left unchosen
+        # (misuse, docs/blocks/moe_layer.md; clock rate: the header match fed the member
+        # registers' enables through the tags' same-edge assignment and load, 11 levels).
+        earlier_chosen = Signal(S)
+        m.d.comb += [earlier_chosen.eq(Mux(first, 0, chosen)),
+                     current_chosen.eq(hits | earlier_chosen)]
         packet_end = taken & down.payload.last
         # A slot's sums are cleared at the edge after its packet's first flit, from a register
         # (clock rate: the slot compare fanned out into every sum's clear); nothing adds to
@@ -1108,13 +1117,13 @@ class ExpertChiplet(TieredComponent):
                 with m.If(c_bank == b):
                     m.d.sync += bank_count[b].eq(count + 1)
                     for s in range(S):
-                        with m.If(current_chosen[s]):
+                        with m.If(earlier_chosen[s]):
                             m.d.sync += members_len[b][s].eq(members_len[b][s] + 1)
                             for p in range(T):
                                 with m.If(members_len[b][s] == p):
                                     m.d.sync += [members[b][s][p].eq(slot_index),
                                                  member_gates[b][s][p].eq(
-                                                     Mux(hits[s], hit_gate[s], packet_gate[s]))]
+                                                     packet_gate[s])]
             m.d.comb += close.eq(count + 1 == T)
         with m.Elif(collecting & (count != 0) & ~in_packet & ~taken):
             # A partial batch closes after `batch_wait` idle cycles, but only when the planner
@@ -1170,10 +1179,16 @@ class ExpertChiplet(TieredComponent):
         fresh = Signal(phase_layout)                   # the group whose gu was just planned
         want_down = Signal()                           # plan held's down now, then hold fresh
         found = Signal(phase_layout)
-        slot_len = select(slot, select_rows(r_bank, members_len))
-        remaining = slot_len - group
+        # The current slot's members not yet planned (its member count less `group`, 0 once
+        # every group is planned), a register (clock rate: the run bank's and the slot's selects
+        # of the member counts and their compare with `group` began the planner's path into the
+        # plan queue, 10 levels). While the planner is not running it follows slot 0's count in
+        # the bank the planner takes next, as the edge leaves it (below); while it runs, the run
+        # bank's counts hold (the bank is closed: no packet ends in it, no return clears it).
+        left = Signal(range(T + 1))
+        run_counts = select_rows(r_bank, members_len)  # [slot]
         m.d.comb += [found.down.eq(0), found.parity.eq(parity),
-                     found.rows.eq(Mux(remaining > R, R, remaining)),
+                     found.rows.eq(Mux(left > R, R, left)),
                      found.base.eq(slot * (shape.expert_beats * V))]
         if floating:
             m.d.comb += found.slot.eq(slot)
@@ -1204,7 +1219,7 @@ class ExpertChiplet(TieredComponent):
         m.d.comb += [plan.w_en.eq(push), plan.w_data.eq(pushed.as_value()),
                      jobs.w_en.eq(push), jobs.w_data.eq(pushed.as_value())]
         room = plan.w_rdy & jobs.w_rdy & ~(phase_in_slice & (plan.r_level == PLAN_DEPTH - 1))
-        done_slot = group >= slot_len
+        done_slot = left == 0
         down_of_held = Signal(phase_layout)
         m.d.comb += [down_of_held.eq(held), down_of_held.down.eq(1)]
         with m.If(running & ~planned_all):
@@ -1220,7 +1235,8 @@ class ExpertChiplet(TieredComponent):
                 with m.Else():
                     m.d.sync += [planned_all.eq(1), slot.eq(0), group.eq(0)]
             with m.Elif(done_slot):                    # visit the next slot
-                m.d.sync += [slot.eq(slot + 1), group.eq(0)]
+                m.d.sync += [slot.eq(slot + 1), group.eq(0),
+                             left.eq(select(slot, run_counts[1:] + [Const(0)]))]
             with m.Elif(~select(slot, loaded)):        # its weights are not in yet: wait,
                 # finishing the held group once the tile runs dry (every planned phase's last
                 # pair taken, its h written). Not sooner: were the load in first, its gu would
@@ -1232,7 +1248,8 @@ class ExpertChiplet(TieredComponent):
             with m.Else():                             # plan this group's gu
                 m.d.comb += [push.eq(room), pushed.eq(found)]
                 with m.If(room):
-                    m.d.sync += [group.eq(group + R), parity.eq(~parity), held_valid.eq(1)]
+                    m.d.sync += [group.eq(group + R), parity.eq(~parity), held_valid.eq(1),
+                                 left.eq(Mux(left > R, left - R, 0))]
                     with m.If(held_valid):
                         m.d.sync += [fresh.eq(found), want_down.eq(1)]
                     with m.Else():
@@ -1390,6 +1407,13 @@ class ExpertChiplet(TieredComponent):
                          high.eq(value1[j][WEIGHTED_SPLIT:].as_signed() * gate)]
             return (high << WEIGHTED_SPLIT) + low
 
+        # Whether a row in stage 1 is the up row of the gate row in stage 3 (`forward1`) or in
+        # stage 2 (`pending2`, as a register of stage 2): same h buffer, row and chunk.
+        forward1 = v3 & (head3.kind == 0) & (head3.parity == head1.parity) & \
+            (row3 == row1) & (head3.chunk == head1.chunk)
+        pending2 = Signal(name="res2_pending")
+        m.d.sync += pending2.eq(v2 & (head2.kind == 0) & (head2.parity == head1.parity) &
+                                (row2 == row1) & (head2.chunk == head1.chunk))
         for j in range(C):
             # stage 2: the codes and the gate-weighted product of the row's value (floating
             # point: an FP32 code cast to dtype times 2**-shift, and times gate * 2**-gate_shift)
@@ -1413,19 +1437,21 @@ class ExpertChiplet(TieredComponent):
             # stage 3: the activation of the gate code, and the activation times up
             # (a BF16 code: its top act_index_bits; the read and act3 map to a block RAM)
             m.d.comb += lut_reads[j].addr.eq(g_code2.as_unsigned()[iw - cfg.act_index_bits:])
-            old = Signal(signed(iw), name=f"h_old_{j}")
-            m.d.comb += old.eq(select(Cat(head2.parity, row2), [
-                select(head2.chunk, [hbuf[q][i][cc * C + j] if cc * C + j < F else Const(0)
-                                     for cc in range(cF)])
-                for i in range(R) for q in range(2)]))
             act3 = Signal(signed(iw), name=f"act3_{j}", reset_less=True)
+            # An up row reads the activation its chunk's gate row wrote, from h as stage 2
+            # loads (a register, `old2`: clock rate, h's select fed a multiplier's unregistered
+            # input, 3.5 ns of setup, in the cycle it was made). The gate row written at that
+            # edge (stage 3 then) gives its activation instead; with one row between them (R = 1,
+            # one beat a tile) the gate row is in stage 2, its activation not read yet:
+            # `pending2` takes it from stage 3 in the next cycle.
+            old2 = Signal(signed(iw), name=f"h_old2_{j}", reset_less=True)
+            m.d.sync += old2.eq(Mux(forward1, act3, select(Cat(head1.parity, row1), [
+                select(head1.chunk, [hbuf[q][i][cc * C + j] if cc * C + j < F else Const(0)
+                                     for cc in range(cF)])
+                for i in range(R) for q in range(2)])))
             h_product3 = Signal(signed(2 * iw), name=f"h_product3_{j}", reset_less=True)
             weighted3 = Signal(weighted_shape, name=f"weighted3_{j}", reset_less=True)
-            # An up row reads the activation its chunk's gate row wrote; with one row between
-            # them (R = 1, one beat a tile) that gate row is in stage 3, written only at this
-            # edge: take its activation from there.
-            pending = v3 & (head3.kind == 0) & (head3.parity == head2.parity) & \
-                (row3 == row2) & (head3.chunk == head2.chunk)
+            pending, old = pending2, old2
             if floating:                    # the two codes: multiplied and rounded as written
                 h_act3 = Signal(iw, name=f"h_act3_{j}", reset_less=True)
                 h_up3 = Signal(iw, name=f"h_up3_{j}", reset_less=True)
@@ -1487,13 +1513,15 @@ class ExpertChiplet(TieredComponent):
         emit_end = Signal()
         # `referenced` after this edge: a bank's member counts grow at a packet's end and are
         # cleared when the bank's last return leaves; the packet's choices count while it is
-        # collected (after its last flit, through the counts).
+        # collected (after its last flit, through the counts; this flit's hits, which come
+        # late, are or-ed in last).
         packet_continues = (in_packet | taken) & ~packet_end
         m.d.sync += referenced.eq(Cat(*[
             Cat(*[~(emit_end & (e_bank == b)) &
-                  ((members_len[b][s] != 0) | (packet_end & (c_bank == b) & current_chosen[s]))
+                  ((members_len[b][s] != 0) | (packet_end & (c_bank == b) & earlier_chosen[s]))
                   for b in range(NB)]).any() |
-            (packet_continues & Mux(taken, current_chosen[s], chosen[s])) for s in range(S)]))
+            (packet_continues & Mux(taken, earlier_chosen[s], chosen[s])) |
+            (taken & ~down.payload.last & hits[s]) for s in range(S)]))
         e_count = select(e_bank, bank_count)
         e_next = Mux(emit_end, next_bank(e_bank), e_bank)  # (the one emitting is done)
         e_computed = select(e_next, [st == COMPUTED for st in bank_state]) & \
@@ -1532,6 +1560,21 @@ class ExpertChiplet(TieredComponent):
                                          *[v.eq(0) for v in members_len[b]]]
         with m.If(start_emit):
             m.d.sync += emitting.eq(1)
+        # `collecting` after this edge: whether bank `c_bank` is free as the edge leaves the
+        # banks (a return's end frees a bank, over a drain's end or a close).
+        free_after = [Mux(emit_end & (e_bank == b), 1,
+                          Mux((drain_end & (r_bank == b)) | (close & (c_bank == b)), 0,
+                              bank_state[b] == FREE)) for b in range(NB)]
+        m.d.sync += collecting.eq(select(Mux(close, next_bank(c_bank), c_bank), free_after))
+        # `left` while the planner is not running (above): slot 0's count in bank `r_next` as
+        # this edge leaves it (a packet ending in that bank adds its choice). Only its value at
+        # the edge the planner takes that bank counts, when the bank is closed or closing,
+        # never being returned: so a return's end, which clears a bank's counts, is left out
+        # (clock rate: that end, from the return's token count, led the path into `left`).
+        with m.If(~running):
+            m.d.sync += left.eq(select(r_next, [
+                members_len[b][0] + (packet_end & (c_bank == b) & earlier_chosen[0])
+                for b in range(NB)]))
         return m
 
 

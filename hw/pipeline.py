@@ -6,6 +6,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.utils import ceil_log2
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from golden.fixed import signed_limits
@@ -439,7 +440,7 @@ class RegisteredHeadFIFO(wiring.Component):
     """A queue with the timing and ports of amaranth.lib.fifo.SyncFIFO whose head is a
     register: an entry becomes the head at the edge the previous one leaves (``r_en``) or, if
     it is written after that, at its write's edge (SyncFIFOBuffered, also with a registered
-    head, takes an edge more). The entries behind the head wait in a SyncFIFO whose asynchronous
+    head, takes an edge more). The entries behind the head wait in a ring whose asynchronous
     read feeds only the head register, so neither the head's readers nor the writer's logic
     pass through a memory port in the cycle they are computed. Written by hand:
     amaranth.lib.fifo has no registered-head FIFO of SyncFIFO's timing.
@@ -479,14 +480,33 @@ class RegisteredHeadFIFO(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        behind = m.submodules.behind = SyncFIFO(width=self.width, depth=self.depth - 1)
+        # The entries behind the head: a ring of depth - 1 in a memory with an asynchronous
+        # read (LUT RAM, as SyncFIFO's). Written by hand rather than a SyncFIFO so that the
+        # memory's write enable is the writer's alone: every accepted write stores its entry at
+        # the write pointer, and only the pointer's and the level's step leave out a write
+        # that goes straight to the head (clock rate: that choice comes from `r_en`, the
+        # reader's logic, which then ran into every LUT-RAM cell's write enable).
+        n = self.depth - 1
+        storage = m.submodules.storage = Memory(shape=self.width, depth=n, init=[])
+        write, read = storage.write_port(), storage.read_port(domain="comb")
+        w_ptr, r_ptr = Signal(range(n), name="w_ptr"), Signal(range(n), name="r_ptr")
+        level = Signal(range(n + 1), name="behind_level")
+        behind_rdy, behind_w_rdy = level != 0, level != n
         head = Signal(self.width, name="head", reset_less=True)   # read only with r_rdy
         free = ~self.r_rdy | self.r_en              # the head register is loaded at the edge
-        direct = free & ~behind.r_rdy               # a write goes straight to the head
-        m.d.comb += [behind.w_data.eq(self.w_data), behind.w_en.eq(self.w_en & ~direct),
-                     behind.r_en.eq(free), self.w_rdy.eq(behind.w_rdy),
-                     self.r_data.eq(head), self.r_level.eq(self.r_rdy + behind.r_level)]
+        direct = free & ~behind_rdy                 # a write goes straight to the head
+        accepted = self.w_en & behind_w_rdy
+        stored = accepted & ~direct                 # it waits behind the head
+        taken = free & behind_rdy                   # the oldest one behind moves to the head
+        m.d.comb += [write.en.eq(accepted), write.addr.eq(w_ptr), write.data.eq(self.w_data),
+                     read.addr.eq(r_ptr), self.w_rdy.eq(behind_w_rdy),
+                     self.r_data.eq(head), self.r_level.eq(self.r_rdy + level)]
+        with m.If(stored):
+            m.d.sync += w_ptr.eq(Mux(w_ptr == n - 1, 0, w_ptr + 1))
+        with m.If(taken):
+            m.d.sync += r_ptr.eq(Mux(r_ptr == n - 1, 0, r_ptr + 1))
+        m.d.sync += level.eq(level + stored - taken)
         with m.If(free):
-            m.d.sync += [self.r_rdy.eq(behind.r_rdy | self.w_en),
-                         head.eq(Mux(behind.r_rdy, behind.r_data, self.w_data))]
+            m.d.sync += [self.r_rdy.eq(behind_rdy | self.w_en),
+                         head.eq(Mux(behind_rdy, read.data, self.w_data))]
         return m

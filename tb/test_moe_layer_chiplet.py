@@ -185,7 +185,10 @@ class ChipletBench(StreamBench):
             index = cfg.header_flits + d // cfg.lanes
             if index < length:
                 got_x[d] = x[d]
-        held = [(e, g) for e, g in choices if length > (choices.index((e, g)) // cfg.lanes)]
+        # A packet's choices are its entries in flits before its last (a short packet's
+        # final flit's entries are left unchosen; a whole packet's last flit is an x flit).
+        held = [(e, g) for e, g in choices
+                if length - 1 > choices.index((e, g)) // cfg.lanes]
         got_scale = self.received_scale(scale, length) if self.floating else None
         self.token_slots.append({slot for slot, (e, _) in self.slot_expert.items()
                                  if e in {e for e, _ in held}})
