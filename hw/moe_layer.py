@@ -1451,15 +1451,15 @@ class ExpertChiplet(TieredComponent):
                 for i in range(R) for q in range(2)])))
             h_product3 = Signal(signed(2 * iw), name=f"h_product3_{j}", reset_less=True)
             weighted3 = Signal(weighted_shape, name=f"weighted3_{j}", reset_less=True)
-            pending, old = pending2, old2
+            gate_activation = Mux(pending2, act3, old2)     # the up row's chunk's, from h
             if floating:                    # the two codes: multiplied and rounded as written
                 h_act3 = Signal(iw, name=f"h_act3_{j}", reset_less=True)
                 h_up3 = Signal(iw, name=f"h_up3_{j}", reset_less=True)
-                m.d.sync += [act3.eq(lut_reads[j].data), h_act3.eq(Mux(pending, act3, old)),
+                m.d.sync += [act3.eq(lut_reads[j].data), h_act3.eq(gate_activation),
                              h_up3.eq(u_code2), weighted3.eq(weighted2)]
             else:
                 m.d.sync += [act3.eq(lut_reads[j].data),
-                             h_product3.eq(Mux(pending, act3, old) * u_code2),
+                             h_product3.eq(gate_activation * u_code2),
                              weighted3.eq(weighted2)]
             # written: h (gate: the activation; up: its product with the activation, which
             # an earlier gate row of the same chunk wrote), or the token's sum (down)
