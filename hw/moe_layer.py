@@ -38,8 +38,8 @@ from golden import router as golden_router
 from hw.fparith import fp_add, fp_fields, fp_multiply, fp_scale_cast
 from hw.params import (ConfiguredComponent, TieredComponent, choice_param, int_param,
                        like_param, param_error, validate)
-from hw.pipeline import (LUT_RAM_MARK, RegisteredHeadFIFO, RegisterSlice, StallPipe, or_tree,
-                         requant, select)
+from hw.pipeline import (LUT_RAM_MARK, RegisteredHeadFIFO, RegisterSlice, SkidSlice, StallPipe,
+                         or_tree, requant, select)
 from hw.registry import Block, register
 from hw.nop import NopConfig, NopTree, down_layout, up_layout
 from hw.pmu import PMU, PMUConfig, ScratchpadBanks, banks_signature
@@ -817,12 +817,25 @@ class ExpertChiplet(TieredComponent):
         # belongs to. The tile takes an a beat and a b beat together (its join), so the b
         # beat the tile takes beside this a beat gets that scale (the b beats come from the
         # scratchpad's read queue, which does not know their phase).
+        # Behind the register slice, a skid slice: the register slice's ready, and so the
+        # executor's, is then of registers alone (clock rate: the tile's take ran back into the
+        # executor's counters, the plan's head and the descriptors). The skid keeps a beat the
+        # tile did not take while the register slice takes the next: the tile takes beats at
+        # the same edges as behind the register slice alone; only the executor moves on
+        # earlier.
         w_scale_field = {"w_scale": cfg.scale_bits} if floating else {}
-        a_slice = m.submodules.a_slice = RegisterSlice(data.StructLayout({
-            "beat": tile.a.payload.shape(), "phase_last": 1, **w_scale_field}))
-        m.d.comb += [tile.a.valid.eq(a_slice.o.valid), tile.a.payload.eq(a_slice.o.payload.beat),
-                     a_slice.o.ready.eq(tile.a.ready)]
-        phase_in_slice = a_slice.o.valid & a_slice.o.payload.phase_last
+        beat_layout = data.StructLayout({
+            "beat": tile.a.payload.shape(), "phase_last": 1, **w_scale_field})
+        a_slice = m.submodules.a_slice = RegisterSlice(beat_layout)
+        a_skid = m.submodules.a_skid = SkidSlice(beat_layout)
+        wiring.connect(m, a_slice.o, a_skid.i)
+        m.d.comb += [tile.a.valid.eq(a_skid.o.valid), tile.a.payload.eq(a_skid.o.payload.beat),
+                     a_skid.o.ready.eq(tile.a.ready)]
+        # Phases whose last beat waits in the slices (0 to 2, from registers): they count as
+        # planned until the tile takes that beat.
+        last_in_slice = a_slice.o.valid & a_slice.o.payload.phase_last
+        last_in_skid = a_skid.full & a_skid.kept.phase_last
+        phase_in_slice = last_in_slice | last_in_skid
         pmu_cfg = cfg.pmu_config()
         # Every job is V consecutive words per access (read_job below): no conflict logic.
         pmu = m.submodules.scratchpad = PMU(pmu_cfg, tier=self.tier, contiguous=True)
@@ -1157,6 +1170,10 @@ class ExpertChiplet(TieredComponent):
             "down": 1, "parity": 1, "rows": range(R + 1),
             "base": range(S * shape.expert_beats * V + 1),
             "token": data.ArrayLayout(range(TT), R),
+            # Row i's token one-hot, 0 for a row past the group's tokens and in a down phase:
+            # the beat build's x select is then an AND-OR of registers (clock rate: decoding
+            # the head's token and comparing its rows came first, 9 levels into the slice).
+            "pick": data.ArrayLayout(TT, R),
             "gate": data.ArrayLayout(cfg.gate_width, R),
             **({"slot": range(S)} if floating else {})})  # (its weight blocks' scales)
         # The plan's head is a register (SyncFIFO's timing): its fields select each tile row's
@@ -1213,15 +1230,18 @@ class ExpertChiplet(TieredComponent):
 
         for i in range(R):
             m.d.comb += [found.token[i].eq(at_position(i, run_members)),
+                         found.pick[i].eq(Cat(*[(found.token[i] == t) & (left > i)
+                                                for t in range(TT)])),
                          found.gate[i].eq(at_position(i, run_gates))]
         push = Signal()
         pushed = Signal(phase_layout)
         m.d.comb += [plan.w_en.eq(push), plan.w_data.eq(pushed.as_value()),
                      jobs.w_en.eq(push), jobs.w_data.eq(pushed.as_value())]
-        room = plan.w_rdy & jobs.w_rdy & ~(phase_in_slice & (plan.r_level == PLAN_DEPTH - 1))
+        room = jobs.w_rdy & (plan.r_level + last_in_slice + last_in_skid < PLAN_DEPTH)
         done_slot = left == 0
         down_of_held = Signal(phase_layout)
-        m.d.comb += [down_of_held.eq(held), down_of_held.down.eq(1)]
+        m.d.comb += [down_of_held.eq(held), down_of_held.down.eq(1),
+                     *[down_of_held.pick[i].eq(0) for i in range(R)]]
         with m.If(running & ~planned_all):
             with m.If(want_down):
                 m.d.comb += [push.eq(room), pushed.eq(down_of_held)]
@@ -1303,24 +1323,26 @@ class ExpertChiplet(TieredComponent):
             # a row past the group's tokens: unit, its data being 0).
             m.d.comb += [a.payload.w_scale.eq(select(phase.slot, [
                              select(kind, list(scales)) for scales in w_scales])),
-                         *[scale.eq(a_slice.o.payload.w_scale)
+                         *[scale.eq(a_skid.o.payload.w_scale)
                            for scale in tile.b.payload.scale]]
             for i in range(R):
                 row_scale = Mux((i < phase.rows) & ~phase.down,
                                 row_select(phase.token[i], i, x_scale), cfg.unit_scale)
                 m.d.comb += [a_beat.scale[sl * R + i].eq(row_scale) for sl in range(n)]
+        # Each token's x element for this beat, shared by the rows (the beat is a register).
+        x_beat = [[select(beat, [x[t][sl * Ks + kk] if sl * Ks + kk < D else Const(0)
+                                 for kk in range(Ks)]) for sl in range(n)] for t in range(TT)]
         for i in range(R):
-            row_ok = i < phase.rows
-            x_row = [row_select(phase.token[i], i, [x[t][d] for t in range(TT)])
-                     for d in range(D)]
+            h_row = (i < phase.rows) & phase.down
             for sl in range(n):
-                x_lane = select(beat, [x_row[sl * Ks + kk] if sl * Ks + kk < D else Const(0)
-                                       for kk in range(Ks)])
+                # Row i's token is a member at a position g + i, so its index within its bank
+                # is at least i (row_select): the other picks are never set.
+                x_lane = or_tree([Mux(phase.pick[i][t], x_beat[t][sl], 0)
+                                  for t in range(TT) if t % T >= i] or [Const(0)])
                 h_lane = select(beat, [Mux(phase.parity, hbuf[1][i][sl * Kf + kk],
                                            hbuf[0][i][sl * Kf + kk])
                                        if sl * Kf + kk < F else Const(0) for kk in range(Kf)])
-                m.d.comb += a_beat.data[sl * R + i].eq(
-                    Mux(row_ok, Mux(phase.down, h_lane, x_lane), 0))
+                m.d.comb += a_beat.data[sl * R + i].eq(x_lane | Mux(h_row, h_lane, 0))
         desc = Signal(desc_layout)
         m.d.comb += [desc.kind.eq(kind), desc.chunk.eq(chunk), desc.parity.eq(phase.parity),
                      desc.rows.eq(phase.rows),

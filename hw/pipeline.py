@@ -387,15 +387,22 @@ class SkidSlice(wiring.Component):
     i : In(stream.Signature(shape))
     o : Out(stream.Signature(shape))
         Reset: empty (``i.ready`` high, ``o.valid`` = ``i.valid``).
+
+    Attributes
+    ----------
+    full, kept : Signal
+        The slice's registers, for a parent to read: whether it keeps a flit, and that flit
+        (a stale value while ``full`` is low). ``i.ready`` is ``~full``.
     """
 
     def __init__(self, shape):
         super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
+        self.full = Signal(name="full")
+        self.kept = Signal.like(self.i.payload, name="kept")
 
     def elaborate(self, platform):
         m = Module()
-        full = Signal()
-        kept = Signal.like(self.i.payload, name="kept")
+        full, kept = self.full, self.kept
         m.d.comb += [self.i.ready.eq(~full), self.o.valid.eq(full | self.i.valid),
                      self.o.payload.eq(Mux(full, kept, self.i.payload))]
         # While empty, the slice copies every offered payload (its enable is then a register,

@@ -731,14 +731,12 @@ def test_a_weight_block_scale_scales_its_matrix_alone():
 
 # --- the register slice in front of the chiplet's tile (hw.pipeline.RegisterSlice) -----------
 
-@pytest.mark.parametrize("gaps", ["none", "random", "bursts"])
-def test_register_slice_keeps_order_one_edge_late_at_full_rate(gaps):
-    """Every flit leaves once, in order, one edge after it is taken; while a flit waits its
-    valid stays high and its payload stable; with no gaps and no stalls one flit leaves per
-    cycle (the chiplet's reset mid-batch is tb/test_moe_layer_chiplet.py's)."""
-    from hw.pipeline import RegisterSlice
-    dut = RegisterSlice(8)
-    rng = random.Random(gaps)
+def _pass_flits(top, i, o, gaps, check=None):
+    """Offer a counting flit on ``i`` and take from ``o`` with ``gaps``' valid and ready
+    patterns for 600 cycles; returns (sent, taken_at, received, left_at, problems, accept,
+    cycles).
+    A waiting flit must stay valid and unchanged; ``check(ctx)``, if given, adds problems."""
+    rng = random.Random(f"{type(top).__name__} {gaps}")
     cycles = 600
     offer, accept = on_off_pattern(rng, gaps, cycles), on_off_pattern(rng, gaps, cycles)
     sent, received, taken_at, left_at, problems = [], [], [], [], []
@@ -746,16 +744,16 @@ def test_register_slice_keeps_order_one_edge_late_at_full_rate(gaps):
     async def bench(ctx):
         value, waiting = 0, None
         for cycle in range(cycles):
-            ctx.set(dut.i.valid, offer[cycle])
-            ctx.set(dut.i.payload, value)
-            ctx.set(dut.o.ready, accept[cycle])
-            valid, payload = ctx.get(dut.o.valid), ctx.get(dut.o.payload)
+            ctx.set(i.valid, offer[cycle])
+            ctx.set(i.payload, value)
+            ctx.set(o.ready, accept[cycle])
+            valid, payload = ctx.get(o.valid), ctx.get(o.payload)
+            problems.extend((cycle, problem) for problem in (check(ctx) if check else []))
             if waiting is not None and (not valid or payload != waiting):
                 problems.append((cycle, "dropped or changed while waiting", waiting))
-            in_taken = offer[cycle] and ctx.get(dut.i.ready)
-            out_taken = valid and accept[cycle]
+            in_taken = offer[cycle] and ctx.get(i.ready)
             waiting = payload if valid and not accept[cycle] else None
-            if out_taken:
+            if valid and accept[cycle]:
                 received.append(payload)
                 left_at.append(cycle)
             if in_taken:
@@ -764,7 +762,19 @@ def test_register_slice_keeps_order_one_edge_late_at_full_rate(gaps):
                 value = (value + 1) % 256
             await ctx.tick()
 
-    run_amaranth(dut, bench)
+    run_amaranth(top, bench)
+    return sent, taken_at, received, left_at, problems, accept, cycles
+
+
+@pytest.mark.parametrize("gaps", ["none", "random", "bursts"])
+def test_register_slice_keeps_order_one_edge_late_at_full_rate(gaps):
+    """Every flit leaves once, in order, one edge after it is taken; while a flit waits its
+    valid stays high and its payload stable; with no gaps and no stalls one flit leaves per
+    cycle (the chiplet's reset mid-batch is tb/test_moe_layer_chiplet.py's)."""
+    from hw.pipeline import RegisterSlice
+    dut = RegisterSlice(8)
+    sent, taken_at, received, left_at, problems, accept, cycles = \
+        _pass_flits(dut, dut.i, dut.o, gaps)
     assert problems == []
     assert received == sent[:len(received)] and len(sent) - len(received) <= 1
     # One edge late: a flit taken at edge e (cycle e) can leave no earlier than cycle e + 1,
@@ -775,3 +785,35 @@ def test_register_slice_keeps_order_one_edge_late_at_full_rate(gaps):
             assert left == taken + 1
     if gaps == "none":
         assert len(received) == cycles - 1
+
+
+@pytest.mark.parametrize("gaps", ["none", "random", "bursts"])
+def test_skid_slice_behind_the_register_slice_keeps_order_and_shows_its_state(gaps):
+    """The chiplet's beats pass the register slice, then a skid slice (hw.pipeline.SkidSlice):
+    every flit leaves once, in order, no earlier than an edge after the register slice takes
+    it, and with no gaps and no stalls exactly then (the skid adds no edge); a waiting flit
+    stays valid and stable; the skid's `full` is the inverse of its `i.ready`, and while full
+    its `kept` is the flit it shows (the chiplet's room rule reads both)."""
+    from amaranth.hdl import Module
+    from amaranth.lib import wiring
+    from hw.pipeline import RegisterSlice, SkidSlice
+    slice_, skid = RegisterSlice(8), SkidSlice(8)
+    top = Module()
+    top.submodules.slice = slice_
+    top.submodules.skid = skid
+    wiring.connect(top, slice_.o, skid.i)
+
+    def state(ctx):
+        full = ctx.get(skid.full)
+        return ((["full is not ~i.ready"] if full == ctx.get(skid.i.ready) else [])
+                + (["kept is not the flit shown"]
+                   if full and ctx.get(skid.kept) != ctx.get(skid.o.payload) else []))
+
+    sent, taken_at, received, left_at, problems, accept, cycles = \
+        _pass_flits(top, slice_.i, skid.o, gaps, state)
+    assert problems == []
+    assert received == sent[:len(received)] and len(sent) - len(received) <= 2
+    assert all(left >= taken + 1 for taken, left in zip(taken_at, left_at))
+    if gaps == "none":
+        assert len(received) == cycles - 1
+        assert left_at == [taken + 1 for taken in taken_at[:len(left_at)]]
