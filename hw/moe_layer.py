@@ -1212,13 +1212,14 @@ class ExpertChiplet(TieredComponent):
         run_members = select_rows(r_bank, members)      # [slot][position] of the run bank
         run_gates = select_rows(r_bank, member_gates)
 
-        def row_select(token, i, values):
-            """``values[token]`` for tile row i, whose token is a slot's member at a position
-            g + i: members are kept in arrival order and a bank fills its token slots in order,
-            so that token's index within its bank is at least i. The slots below it are left
-            out of the select (dead logic otherwise: area, and mutants no test can reach). A
-            row past the group's tokens reads a stale member; its data is masked."""
-            return or_tree([Mux(token == t, value, 0) for t, value in enumerate(values)
+        def row_select(is_token, i, values):
+            """``values[t]`` for the token slot t that ``is_token(t)`` holds for, for tile row
+            i, whose token is a slot's member at a position g + i: members are kept in arrival
+            order and a bank fills its token slots in order, so that token's index within its
+            bank is at least i. The slots below it are left out of the select (dead logic
+            otherwise: area, and mutants no test can reach). A row past the group's tokens may
+            select a stale member by its token: the caller masks it (its `pick` is 0)."""
+            return or_tree([Mux(is_token(t), value, 0) for t, value in enumerate(values)
                             if t % T >= i] or [Const(0)])
 
         def at_position(i, lists):
@@ -1327,7 +1328,8 @@ class ExpertChiplet(TieredComponent):
                            for scale in tile.b.payload.scale]]
             for i in range(R):
                 row_scale = Mux((i < phase.rows) & ~phase.down,
-                                row_select(phase.token[i], i, x_scale), cfg.unit_scale)
+                                row_select(lambda t: phase.token[i] == t, i, x_scale),
+                                cfg.unit_scale)
                 m.d.comb += [a_beat.scale[sl * R + i].eq(row_scale) for sl in range(n)]
         # Each token's x element for this beat, shared by the rows (the beat is a register).
         x_beat = [[select(beat, [x[t][sl * Ks + kk] if sl * Ks + kk < D else Const(0)
@@ -1335,10 +1337,8 @@ class ExpertChiplet(TieredComponent):
         for i in range(R):
             h_row = (i < phase.rows) & phase.down
             for sl in range(n):
-                # Row i's token is a member at a position g + i, so its index within its bank
-                # is at least i (row_select): the other picks are never set.
-                x_lane = or_tree([Mux(phase.pick[i][t], x_beat[t][sl], 0)
-                                  for t in range(TT) if t % T >= i] or [Const(0)])
+                x_lane = row_select(lambda t: phase.pick[i][t], i,
+                                    [x_beat[t][sl] for t in range(TT)])
                 h_lane = select(beat, [Mux(phase.parity, hbuf[1][i][sl * Kf + kk],
                                            hbuf[0][i][sl * Kf + kk])
                                        if sl * Kf + kk < F else Const(0) for kk in range(Kf)])
