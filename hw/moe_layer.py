@@ -39,7 +39,7 @@ from hw.fparith import fp_add, fp_fields, fp_multiply, fp_scale_cast
 from hw.params import (ConfiguredComponent, TieredComponent, choice_param, int_param,
                        like_param, param_error, validate)
 from hw.pipeline import (LUT_RAM_MARK, RegisteredHeadFIFO, RegisterSlice, SkidSlice, StallPipe,
-                         or_tree, requant, select)
+                         or_tree, requant, requant_clamp, requant_round, requant_shift, select)
 from hw.registry import Block, register
 from hw.nop import NopConfig, NopTree, down_layout, up_layout
 from hw.pmu import PMU, PMUConfig, ScratchpadBanks, banks_signature
@@ -1187,6 +1187,12 @@ class ExpertChiplet(TieredComponent):
         in_flight = Signal(range(C + R + tree + 7 + golden.RESULT_STAGES))
         gu_flight = [Signal(range(C + R + tree + 7 + golden.RESULT_STAGES),
                             name=f"gu_flight_{q}") for q in range(2)]
+        # A tile given at the last edge, counted at the next (clock rate: the tile's take,
+        # through the a slice's ready, led the path into the counters' adders); a count is
+        # idle when it and its `given` are both 0.
+        tile_given = Signal()
+        gu_given = [Signal(name=f"gu_given_{q}") for q in range(2)]
+        gu_idle = [(gu_flight[q] == 0) & ~gu_given[q] for q in range(2)]
         slot = Signal(range(S))
         group = Signal(range(T + R + 1))               # index into the slot's members
         parity = Signal()                              # of the next group found
@@ -1262,7 +1268,7 @@ class ExpertChiplet(TieredComponent):
                 # finishing the held group once the tile runs dry (every planned phase's last
                 # pair taken, its h written). Not sooner: were the load in first, its gu would
                 # wait behind that down, and not cover the wait for h as it does in order.
-                dry = ~plan.r_rdy & ~phase_in_slice & (select(held.parity, gu_flight) == 0)
+                dry = ~plan.r_rdy & ~phase_in_slice & select(held.parity, gu_idle)
                 with m.If(held_valid & dry):
                     m.d.comb += [push.eq(1), pushed.eq(down_of_held)]
                     m.d.sync += held_valid.eq(0)
@@ -1308,7 +1314,7 @@ class ExpertChiplet(TieredComponent):
         tile_beats = Mux(phase.down, Kf, Ks)
         a_last = beat == tile_beats - 1
         phase_last = a_last & (tile_index == Mux(phase.down, cD - 1, 2 * cF - 1))
-        h_ready = ~phase.down | (select(phase.parity, gu_flight) == 0)
+        h_ready = ~phase.down | select(phase.parity, gu_idle)
         hbuf = [[[Signal(signed(iw), name=f"h{q}_{i}_{f}") for f in range(F)] for i in range(R)]
                 for q in range(2)]
         m.d.comb += [a.valid.eq(plan.r_rdy & h_ready & descs.w_rdy),
@@ -1393,13 +1399,16 @@ class ExpertChiplet(TieredComponent):
         v3, last3, head3, row3 = stage(3, v2, last2, head2, row2)
         applied = v3 & last3                       # a tile's last row is written at this edge
         gu_applied = applied & (head3.kind != 2)
-        m.d.sync += in_flight.eq(in_flight + tile_done - applied)
+        m.d.sync += [tile_given.eq(tile_done), in_flight.eq(in_flight + tile_given - applied)]
         for q in range(2):
-            m.d.sync += gu_flight[q].eq(gu_flight[q] + (tile_done & ~phase.down &
-                                                        (phase.parity == q))
-                                        - (gu_applied & (head3.parity == q)))
+            m.d.sync += [gu_given[q].eq(tile_done & ~phase.down & (phase.parity == q)),
+                         gu_flight[q].eq(gu_flight[q] + gu_given[q]
+                                         - (gu_applied & (head3.parity == q)))]
         lut_reads = [lut.read_port(domain="comb") for _ in range(C)]
-        row_gate1 = select(row1, list(head1.gate))
+        # The row's gate, selected before stage 1's registers (clock rate: the select fed the
+        # DSPs' unregistered multiplicand, 3.5 ns of setup, in the cycle after the register).
+        row_gate1 = Signal(cfg.gate_width, name="res1_row_gate", reset_less=True)
+        m.d.sync += row_gate1.eq(select(result_row, list(head.gate)))
         row_token3 = select(row3, list(head3.token))
         # A down row's sum enables, decoded from stage 2 into registers of stage 3 (one bit per
         # token slot and per chunk; clock rate: the token select and its compare with every
@@ -1452,9 +1461,20 @@ class ExpertChiplet(TieredComponent):
                     weighted2.eq(fp_multiply(m, value, fp32, row_gate1, None, fp32,
                                              cfg.gate_shift, f"weighted_{j}"))]
             else:
+                # The shift and the clamp to in_width + 2 bits at stage 1, beside value1; the
+                # rounding and the saturation at stage 2 (clock rate: the clamp's top-bit check
+                # led the rounding's carry chain into the codes).
+                clamped1 = {}
+                for code, shift in (("g", cfg.shift_g), ("u", cfg.shift_u)):
+                    name = f"{code}_code_{j}"
+                    clamp = requant_clamp(m, requant_shift(m, c.payload.data[j], shift, name),
+                                          iw, name)
+                    clamped1[code] = Signal(signed(len(clamp)), name=f"res1_{code}_clamped_{j}",
+                                            reset_less=True)
+                    m.d.sync += clamped1[code].eq(clamp)
                 m.d.sync += [
-                    g_code2.eq(requant(m, value1[j], cfg.shift_g, iw, f"g_code_{j}")),
-                    u_code2.eq(requant(m, value1[j], cfg.shift_u, iw, f"u_code_{j}"))]
+                    g_code2.eq(requant_round(m, clamped1["g"], iw, f"g_code_{j}")),
+                    u_code2.eq(requant_round(m, clamped1["u"], iw, f"u_code_{j}"))]
                 weighted2 = integer_weighted(j)
             # stage 3: the activation of the gate code, and the activation times up
             # (a BF16 code: its top act_index_bits; the read and act3 map to a block RAM)
@@ -1518,7 +1538,7 @@ class ExpertChiplet(TieredComponent):
         # --- drain, then emit one return packet per token, in arrival order ---
         with m.If(running & planned_all & ~plan.r_rdy):
             m.d.sync += [running.eq(0), draining.eq(1), planned_all.eq(0)]
-        m.d.comb += drain_end.eq(draining & (in_flight == 0))
+        m.d.comb += drain_end.eq(draining & (in_flight == 0) & ~tile_given)
         with m.If(drain_end):
             m.d.sync += [draining.eq(0), r_bank.eq(next_bank(r_bank))]
             for b in range(NB):
@@ -1530,6 +1550,10 @@ class ExpertChiplet(TieredComponent):
         # edge included): a bank computed at this edge when none waits before it.
         out = self.up
         emit_token = Signal(range(T))
+        # Tokens of the bank left to return after this one; loaded as the emitter takes a bank
+        # (its count is final then: it is closed), so the return's end is a compare with zero
+        # (clock rate: the count's decrement led the path into the banks' states).
+        emit_left = Signal(range(T))
         emit_flit = Signal(range(H + X))
         out_last = emit_flit == H + X - 1
         emit_end = Signal()
@@ -1544,7 +1568,6 @@ class ExpertChiplet(TieredComponent):
                   for b in range(NB)]).any() |
             (packet_continues & Mux(taken, earlier_chosen[s], chosen[s])) |
             (taken & ~down.payload.last & hits[s]) for s in range(S)]))
-        e_count = select(e_bank, bank_count)
         e_next = Mux(emit_end, next_bank(e_bank), e_bank)  # (the one emitting is done)
         e_computed = select(e_next, [st == COMPUTED for st in bank_state]) & \
             ~(emit_end & (e_next == e_bank))
@@ -1573,7 +1596,8 @@ class ExpertChiplet(TieredComponent):
             m.d.sync += emit_flit.eq(emit_flit + 1)
             with m.If(out_last):
                 m.d.sync += [emit_flit.eq(0), emit_token.eq(emit_token + 1)]
-                with m.If(emit_token == e_count - 1):
+                m.d.sync += emit_left.eq(emit_left - 1)
+                with m.If(emit_left == 0):
                     m.d.comb += emit_end.eq(1)
                     m.d.sync += [emitting.eq(0), emit_token.eq(0), e_bank.eq(next_bank(e_bank))]
                     for b in range(NB):
@@ -1581,7 +1605,7 @@ class ExpertChiplet(TieredComponent):
                             m.d.sync += [bank_state[b].eq(FREE), bank_count[b].eq(0),
                                          *[v.eq(0) for v in members_len[b]]]
         with m.If(start_emit):
-            m.d.sync += emitting.eq(1)
+            m.d.sync += [emitting.eq(1), emit_left.eq(select(e_next, bank_count) - 1)]
         # `collecting` after this edge: whether bank `c_bank` is free as the edge leaves the
         # banks (a return's end frees a bank, over a drain's end or a close).
         free_after = [Mux(emit_end & (e_bank == b), 1,
