@@ -39,7 +39,7 @@ from hw.fparith import fp_add, fp_fields, fp_multiply, fp_scale_cast
 from hw.params import (ConfiguredComponent, TieredComponent, choice_param, int_param,
                        like_param, param_error, validate)
 from hw.pipeline import (LUT_RAM_MARK, RegisteredHeadFIFO, RegisterSlice, SkidSlice, StallPipe,
-                         or_tree, requant, requant_clamp, requant_round, requant_shift, select)
+                         or_tree, requant, requant_round, requant_shift_clamp, select)
 from hw.registry import Block, register
 from hw.nop import NopConfig, NopTree, down_layout, up_layout
 from hw.pmu import PMU, PMUConfig, ScratchpadBanks, banks_signature
@@ -1464,17 +1464,16 @@ class ExpertChiplet(TieredComponent):
                 # The shift and the clamp to in_width + 2 bits at stage 1, beside value1; the
                 # rounding and the saturation at stage 2 (clock rate: the clamp's top-bit check
                 # led the rounding's carry chain into the codes).
-                clamped1 = {}
-                for code, shift in (("g", cfg.shift_g), ("u", cfg.shift_u)):
-                    name = f"{code}_code_{j}"
-                    clamp = requant_clamp(m, requant_shift(m, c.payload.data[j], shift, name),
-                                          iw, name)
-                    clamped1[code] = Signal(signed(len(clamp)), name=f"res1_{code}_clamped_{j}",
-                                            reset_less=True)
-                    m.d.sync += clamped1[code].eq(clamp)
-                m.d.sync += [
-                    g_code2.eq(requant_round(m, clamped1["g"], iw, f"g_code_{j}")),
-                    u_code2.eq(requant_round(m, clamped1["u"], iw, f"u_code_{j}"))]
+                codes = (("g", g_code2, cfg.shift_g), ("u", u_code2, cfg.shift_u))
+                clamped1 = []
+                for kind, _, shift in codes:
+                    clamp = requant_shift_clamp(m, c.payload.data[j], shift, iw,
+                                                f"{kind}_code_{j}")
+                    clamped1.append(Signal(signed(len(clamp)), name=f"res1_{kind}_clamped_{j}",
+                                           reset_less=True))
+                    m.d.sync += clamped1[-1].eq(clamp)
+                m.d.sync += [code2.eq(requant_round(m, clamped, iw, f"{kind}_code_{j}"))
+                             for (kind, code2, _), clamped in zip(codes, clamped1)]
                 weighted2 = integer_weighted(j)
             # stage 3: the activation of the gate code, and the activation times up
             # (a BF16 code: its top act_index_bits; the read and act3 map to a block RAM)

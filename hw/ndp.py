@@ -46,7 +46,7 @@ from amaranth.utils import bits_for
 
 from golden import ndp as golden
 from hw.params import ConfiguredComponent, int_param, like_param, param_error, validate
-from hw.pipeline import requant_clamp, requant_round, requant_shift
+from hw.pipeline import requant_round, requant_shift, requant_shift_clamp
 from hw.registry import Block, register
 
 __all__ = ["NdpConfig", "NdpCore", "command_layout", "token_bits", "SHIFT_BITS", "COUNT_BITS",
@@ -315,10 +315,8 @@ class NdpCore(ConfiguredComponent):
         code_kind = Signal(2)
         code_token = Signal(range(T))
         code_last_token = Signal()
-        m.d.sync += [g_shifted.eq(requant_clamp(
-                         m, requant_shift(m, row_value, shift_g, "g_requant"), xw, "g_requant")),
-                     u_shifted.eq(requant_clamp(
-                         m, requant_shift(m, row_value, shift_u, "u_requant"), xw, "u_requant")),
+        m.d.sync += [g_shifted.eq(requant_shift_clamp(m, row_value, shift_g, xw, "g_requant")),
+                     u_shifted.eq(requant_shift_clamp(m, row_value, shift_u, xw, "u_requant")),
                      code_valid.eq(row_meta.valid & (row_meta.kind != KIND_Y)),
                      code_kind.eq(row_meta.kind), code_token.eq(row_meta.token),
                      code_last_token.eq(row_meta.last_token)]

@@ -15,7 +15,7 @@ __all__ = ["StallPipe", "OutputQueue", "OutputRegister", "SkidSlice", "RegisterS
            "RegisteredHeadFIFO", "OUT_FIFO_DEPTH", "LUT_RAM_MARK", "lanes_layout", "saturate",
            "select", "or_tree", "sum_tree", "max_tree", "max_all_pairs", "thermometer_max",
            "thermometer_value", "leading_one", "leading_one_tree", "requant", "requant_shift",
-           "requant_round"]
+           "requant_clamp", "requant_shift_clamp", "requant_round"]
 
 # Depth of an output queue. Two entries suffice for full throughput: a pipeline writes at most
 # one beat per cycle and a ready consumer reads one per cycle, so the level never exceeds one.
@@ -183,6 +183,13 @@ def requant_clamp(m, shifted, width, name):
     m.d.comb += clamped.eq(Mux(~top.any() | top.all(), shifted[:narrow],
                                Mux(shifted[-1], low, high)))
     return clamped
+
+
+def requant_shift_clamp(m, value, shift, width, name):
+    """:func:`requant`'s first half for a pipeline that registers it: :func:`requant_shift`
+    then :func:`requant_clamp` (``width + 2`` bits); the register goes to
+    :func:`requant_round`, whose increment is then all that is left."""
+    return requant_clamp(m, requant_shift(m, value, shift, name), width, name)
 
 
 def requant_round(m, shifted, width, name):
