@@ -212,6 +212,7 @@ def cmd_sim(args):
 def cmd_synth(args):
     from flows.synth import SynthError, synthesize
     block, config = _block_and_config(args)
+    seeds = _seeds(args.seed)
     if args.no_ram and (args.target == "generic" or args.three_d or args.pnr):
         raise _UsageError(f"option '--no-ram': got it with "
                           f"{'--3d' if args.three_d else '--pnr' if args.pnr else 'generic'}; "
@@ -220,7 +221,7 @@ def cmd_synth(args):
     if args.three_d:
         return _synth_3d(block, config, args.target)
     if args.pnr:
-        return _synth_pnr(block, config, args.target, args.seed)
+        return _synth_pnr(block, config, args.target, seeds)
     try:
         report = synthesize(block, config, args.target, ram=not args.no_ram)
     except SynthError as failure:
@@ -237,18 +238,45 @@ def cmd_synth(args):
     return 0
 
 
-def _synth_pnr(block, config, target, seed):
-    from flows.pnr import DEVICE, DSPS, pnr_block
+def _seeds(text):
+    """``--seed``: one nextpnr seed or a comma-separated list of them."""
+    try:
+        seeds = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        seeds = ()
+    if not seeds or len(set(seeds)) != len(seeds) or any(not 0 <= s < 2**31 for s in seeds):
+        raise _UsageError(f"option '--seed': got {text}; allowed: an integer in "
+                          f"0..{2**31 - 1} or a comma-separated list of different ones")
+    return seeds
+
+
+def _synth_pnr(block, config, target, seeds):
+    from flows.pnr import DEVICE, DSPS, pnr_block, pnr_seeds, seed_spread
     from flows.synth import SynthError
     if target not in DEVICE:
         print(f"moegen: error: --pnr: target {target!r} not supported; allowed: "
               f"{', '.join(DEVICE)} (a device's place and route)", file=sys.stderr)
         return 2
     try:
-        r = pnr_block(block, config, target, seed)
+        if len(seeds) == 1:
+            reports = [pnr_block(block, config, target, seeds[0])]
+        else:
+            reports = pnr_seeds(block, config, target, seeds)
     except SynthError as failure:
         print(f"moegen: FAILED: {failure}", file=sys.stderr)
         return 1
+    if len(seeds) > 1:
+        print(table(["seed", "Fmax MHz", "critical path (from -> to)", "levels", "ns",
+                     "logic ns"],
+                    [(r["seed"], r["fmax_mhz"],
+                      f"{r['critical_path']['from']} -> {r['critical_path']['to']}",
+                      r["critical_path"]["logic_levels"], r["critical_path"]["delay_ns"],
+                      r["critical_path"]["logic_ns"]) for r in reports]))
+        spread = seed_spread(reports)
+        print(f"Fmax over {spread['seeds']} seeds: lowest {spread['min']}, median "
+              f"{spread['median']}, highest {spread['max']} MHz (the same netlist; only "
+              "nextpnr's seed differs)")
+    r = reports[0]                     # (the device use is the same at every seed)
     path = r["critical_path"]
     print(table(["block", "device", "Fmax MHz", "LUTs", "FFs", "block RAMs", "DSPs"],
                 [(block.name, r["device"], r["fmax_mhz"], r["luts"], r["flip_flops"],
@@ -267,7 +295,7 @@ def _synth_pnr(block, config, target, seed):
     if "harness_flip_flops" in r:
         print(f"pin harness: {r['harness_flip_flops']} of the flip-flops are the harness's "
               "(input shift register, output registers)")
-    print(f"report: {r['json']}")
+    print(f"report{'s' if len(reports) > 1 else ''}: {', '.join(x['json'] for x in reports)}")
     return 0
 
 
@@ -446,7 +474,10 @@ def _parser():
                    help="cells per tier, bonds and footprint against the 2D build")
     p.add_argument("--pnr", action="store_true",
                    help="place and route with nextpnr (ecp5): Fmax, critical path, device use")
-    p.add_argument("--seed", type=int, default=1, help="nextpnr's placement seed (--pnr)")
+    p.add_argument("--seed", default="1",
+                   help="nextpnr's placement seed (--pnr), or several, comma-separated "
+                        "(1,2,3,4): one synthesis placed at each, two at a time, and the "
+                        "Fmax's lowest, median and highest")
     p.add_argument("--no-ram", action="store_true",
                    help="map every memory to flip-flops (ecp5, ice40): the figures before RAM "
                         "mapping")

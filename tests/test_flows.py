@@ -82,12 +82,17 @@ def test_synth_reports_cells_for_a_small_array(tmp_path):
 
 def test_place_and_route_is_seeded_and_reproducible(tmp_path):
     """nextpnr on an ECP5 (out of context): Fmax, critical path and device use of a small
-    array; the same seed gives the same placement (same Fmax, same path), in another folder."""
-    from flows.pnr import pnr_block
+    array; the same seed gives the same placement (same Fmax, same path), in another folder,
+    and placed beside other seeds from one synthesis (`--seed 3,5`)."""
+    from flows.pnr import pnr_block, pnr_seeds
     block = get_block("systolic")
     config = block.config(rows=2, cols=2)
     first = pnr_block(block, config, "ecp5", seed=3, out_dir=tmp_path / "a")
-    again = pnr_block(block, config, "ecp5", seed=3, out_dir=tmp_path / "b")
+    again, other = pnr_seeds(block, config, "ecp5", (3, 5), out_dir=tmp_path / "b")
+    assert (again["seed"], other["seed"]) == (3, 5)
+    assert again["json"] != other["json"] and Path(other["json"]).is_file()
+    assert {k: other[k] for k in ("luts", "flip_flops", "dsps", "synthesis")} == \
+        {k: first[k] for k in ("luts", "flip_flops", "dsps", "synthesis")}
     assert 20 < first["fmax_mhz"] < 500
     assert first["dsps"] == 4                      # one multiplier per PE
     assert first["luts"] > 0 and first["flip_flops"] > 0 and first["block_rams"] == 0
@@ -286,6 +291,21 @@ def test_skipping_abc9_s_proof_maps_the_same(tmp_path):
         assert ("+ &verify" in log) == abc
         netlists[abc] = _modules_without_src(out_dir / "net.json")
     assert netlists[True] == netlists[False]
+
+
+def test_seed_spread_is_the_lowest_median_and_highest_fmax():
+    from flows.pnr import seed_spread
+    reports = [{"fmax_mhz": f} for f in (93.9, 101.3, 89.0, 95.4)]
+    assert seed_spread(reports) == {"seeds": 4, "min": 89.0, "median": 94.7, "max": 101.3}
+    assert seed_spread(reports[:3]) == {"seeds": 3, "min": 89.0, "median": 93.9, "max": 101.3}
+
+
+@pytest.mark.parametrize("seed", ["x", "1,,2", "2,2", "-1", str(2**31)])
+def test_pnr_seed_errors_name_the_option_in_one_line(seed, capsys):
+    from flows.cli import main
+    assert main(["synth", "systolic", "--target", "ecp5", "--pnr", "--seed", seed]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'--seed'" in err[0] and f"got {seed};" in err[0]
 
 
 def test_pnr_refuses_the_generic_target_with_one_line(capsys):
